@@ -1,0 +1,1 @@
+"""The pure CANOPY core: no Ray, no torch. Every other layer calls into it."""

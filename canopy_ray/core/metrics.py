@@ -1,0 +1,130 @@
+"""Answer and refinement metrics, with bootstrap confidence intervals.
+
+EM and F1 use the SQuAD answer normalisation (lower case, no punctuation, no articles,
+single spaces) and take the best match over the gold answers.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from canopy_ray.core.hierarchy import Node, Span
+from canopy_ray.core.pairs import preference_nodes
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(s: str) -> str:
+    s = "".join(ch for ch in s.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", s).split())
+
+
+def exact_match(prediction: str, answers: Iterable[str]) -> float:
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(a) for a in answers))
+
+
+def _f1(pred: str, gold: str) -> float:
+    p, g = normalize_answer(pred).split(), normalize_answer(gold).split()
+    if not p or not g:
+        return float(p == g)
+    common = sum((Counter(p) & Counter(g)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score(prediction: str, answers: Iterable[str]) -> float:
+    return max((_f1(prediction, a) for a in answers), default=0.0)
+
+
+def accuracy(prediction: str, answer: str) -> float:
+    """Multiple-choice accuracy: the normalised choice equals the normalised key."""
+    return float(normalize_answer(prediction) == normalize_answer(answer))
+
+
+def answer_recall(evidence: str, answers: Iterable[str]) -> float:
+    """1 when a normalised gold answer occurs in the normalised evidence (reader-free check)."""
+    ev = f" {normalize_answer(evidence)} "
+    return float(any(normalize_answer(a) and f" {normalize_answer(a)} " in ev for a in answers))
+
+
+def covered(spans: Iterable[Span]) -> set[int]:
+    return {i for a, b in spans for i in range(a, b)}
+
+
+@dataclass(frozen=True)
+class RefinementStats:
+    """Counts for one item; sums over items give micro-averages."""
+
+    pref_nodes: int
+    pref_correct: int
+    gold_leaves: int
+    gold_kept: int
+    leaves: int
+    leaves_kept: int
+
+    @property
+    def pruned(self) -> bool:
+        return self.leaves_kept < self.leaves
+
+
+def refinement_stats(root: Node, scores: Mapping[Span, float], kept: Iterable[Span],
+                     gold_leaves: Iterable[int]) -> RefinementStats:
+    gold = set(gold_leaves)
+    nodes = preference_nodes(root, gold)
+    keep = covered(kept)
+    return RefinementStats(len(nodes), sum(n.correct(scores) for n in nodes),
+                           len(gold), len(gold & keep), root.size, len(keep))
+
+
+def decision_accuracy(stats: Sequence[RefinementStats]) -> float:
+    n = sum(s.pref_nodes for s in stats)
+    return sum(s.pref_correct for s in stats) / n if n else float("nan")
+
+
+def gold_recall(stats: Sequence[RefinementStats]) -> float:
+    n = sum(s.gold_leaves for s in stats)
+    return sum(s.gold_kept for s in stats) / n if n else float("nan")
+
+
+def pruned_share(stats: Sequence[RefinementStats]) -> float:
+    return sum(s.pruned for s in stats) / len(stats) if stats else float("nan")
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    low: float
+    high: float
+
+    def as_dict(self) -> dict:
+        return {"mean": self.mean, "low": self.low, "high": self.high}
+
+
+def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, level: float = 0.95,
+                 seed: int = 0) -> Interval:
+    """Mean with a percentile bootstrap interval (resampling questions with replacement)."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        return Interval(float("nan"), float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return Interval(float(x.mean()), float(low), float(high))
+
+
+def paired_difference_ci(a: Sequence[float], b: Sequence[float], **kw) -> Interval:
+    """Mean of a - b over the same questions, with a bootstrap interval."""
+    if len(a) != len(b):
+        raise ValueError("paired samples must have equal length")
+    return bootstrap_ci(np.asarray(a, float) - np.asarray(b, float), **kw)

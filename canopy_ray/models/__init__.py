@@ -1,0 +1,1 @@
+"""Encoders and LLM clients: the heavy parts behind small interfaces."""
