@@ -1,0 +1,65 @@
+import math
+
+import numpy as np
+import pytest
+
+from canopy_ray import balanced_tree
+from canopy_ray.core.metrics import (accuracy, answer_recall, bootstrap_ci, decision_accuracy, exact_match,
+                                     f1_score, gold_recall, normalize_answer, paired_difference_ci,
+                                     pruned_share, refinement_stats)
+
+
+@pytest.mark.parametrize("raw,norm", [("The Eiffel Tower!", "eiffel tower"), ("  a  Cat, an owl ", "cat owl"),
+                                      ("Tulsa, Oklahoma.", "tulsa oklahoma"), ("theatre", "theatre")])
+def test_squad_normalisation(raw, norm):
+    assert normalize_answer(raw) == norm
+
+
+def test_exact_match_takes_the_best_gold():
+    assert exact_match("the Tulsa", ["Oklahoma", "Tulsa"]) == 1.0
+    assert exact_match("Tulsa OK", ["Tulsa"]) == 0.0
+
+
+def test_f1_by_hand():
+    # pred tokens: tulsa oklahoma usa; gold: tulsa oklahoma -> P = 2/3, R = 1, F1 = 0.8
+    assert f1_score("Tulsa, Oklahoma, USA", ["Tulsa Oklahoma"]) == pytest.approx(0.8)
+    assert f1_score("nothing", ["Tulsa"]) == 0.0
+    assert f1_score("x", []) == 0.0
+    assert f1_score("the", ["a"]) == 1.0  # both normalise to empty
+
+
+def test_accuracy_and_answer_recall():
+    assert accuracy("(B) ", "b") == 1.0
+    assert answer_recall("It first played in Tulsa, Oklahoma.", ["tulsa"]) == 1.0
+    assert answer_recall("Tulsans", ["tulsa"]) == 0.0
+
+
+def test_refinement_stats_by_hand():
+    root = balanced_tree(4)  # gold {0, 1}
+    scores = {(0, 4): 0.3, (0, 2): 0.5, (2, 4): 0.1, (0, 1): 0.6, (1, 2): 0.2}
+    s = refinement_stats(root, scores, kept=[(0, 1)], gold_leaves={0, 1})
+    # root correct; (0, 2) is fully gold but child (0, 1) beats it -> wrong
+    assert (s.pref_nodes, s.pref_correct, s.gold_leaves, s.gold_kept, s.leaves, s.leaves_kept) == (2, 1, 2, 1, 4, 1)
+    t = refinement_stats(balanced_tree(2), {(0, 2): 1, (0, 1): 0, (1, 2): 0}, [(0, 2)], {1})
+    stats = [s, t]
+    assert decision_accuracy(stats) == pytest.approx(1 / 3)
+    assert gold_recall(stats) == pytest.approx(2 / 3)
+    assert pruned_share(stats) == 0.5
+    assert math.isnan(decision_accuracy([]))
+
+
+def test_bootstrap_interval_of_a_known_sample():
+    x = np.r_[np.zeros(50), np.ones(50)]
+    ci = bootstrap_ci(x, n_boot=4000, seed=1)
+    assert ci.mean == 0.5
+    # the normal approximation: 0.5 +- 1.96 * sqrt(0.25 / 100) = +-0.098
+    assert ci.low == pytest.approx(0.402, abs=0.02) and ci.high == pytest.approx(0.598, abs=0.02)
+    assert bootstrap_ci([3.0, 3.0]).low == 3.0
+
+
+def test_paired_difference_of_identical_methods_is_zero():
+    a = np.random.default_rng(0).random(30)
+    ci = paired_difference_ci(a, a)
+    assert (ci.mean, ci.low, ci.high) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError):
+        paired_difference_ci([1.0], [1.0, 2.0])

@@ -1,0 +1,93 @@
+import gzip
+import json
+
+import pytest
+
+from canopy_ray.data.convert import Value, convert_records, locate_sentences, read_records
+from canopy_ray.data.nq import draw_candidates, passage_id
+from tests.data._support import FIXTURES, assert_canonical
+
+DAM = ("The Alpha River Dam is a concrete dam in the north. It was designed by the engineer "
+       "Joan Smith in 1950. The reservoir supplies water to three towns.")
+
+
+def _run(**kw):
+    return convert_records("nq", read_records(FIXTURES / "nq_open.jsonl"), **kw)
+
+
+def test_gold_passages_become_split_deduplicated_items():
+    items, questions, report = _run(n_distractors=2)
+    assert [i["title"] for i in items] == ["Alpha River Dam", "Beta Town", "Gamma Hill", "Zeta Lighthouse"]
+    assert items[0] == {"id": passage_id("Alpha River Dam", DAM), "modality": "text", "title": "Alpha River Dam",
+                        "sentences": ["The Alpha River Dam is a concrete dam in the north.",
+                                      "It was designed by the engineer Joan Smith in 1950.",
+                                      "The reservoir supplies water to three towns."]}
+    assert items[0]["id"].startswith("nq:alpha-river-dam:")
+    assert report.items == 4 and report.duplicate_items == 1
+    assert_canonical(items, questions)
+
+
+def test_gold_leaves_are_the_sentences_holding_an_answer():
+    items, questions, report = _run(n_distractors=2)
+    ids = {i["title"]: i["id"] for i in items}
+    assert [q["id"] for q in questions] == ["nq:0", "nq:1", "nq:2", "nq:3", "nq:4"]
+    assert [q["gold"] for q in questions] == [
+        [{"item_id": ids["Alpha River Dam"], "leaves": [1]}],
+        [{"item_id": ids["Alpha River Dam"], "leaves": [1]}],
+        [{"item_id": ids["Beta Town"], "leaves": [0]}],
+        [{"item_id": ids["Gamma Hill"], "leaves": []}],  # "purple" is nowhere: whole passage
+        [{"item_id": ids["Zeta Lighthouse"], "leaves": [1]}],  # "Zeta" in "Zeta’s"
+    ]
+    assert questions[1]["answers"] == ["1950", "in 1950"]
+    assert (report.gold_located, report.gold_unlocated) == (4, 1)
+    assert report.unlocated == {"answer_not_in_passage": 1}
+    assert report.skipped == {"no_gold_passage": 1, "bad_answers": 1}
+
+
+def test_candidates_are_gold_plus_distinct_distractors_drawn_deterministically():
+    _, questions, report = _run(n_distractors=2)
+    for q in questions:
+        gold = q["gold"][0]["item_id"]
+        assert len(q["candidates"]) == 3 and len(set(q["candidates"])) == 3 and gold in q["candidates"]
+    again = _run(n_distractors=2)[1]
+    assert again == questions
+    other_seeds = [[q["candidates"] for q in _run(n_distractors=2, seed=s)[1]] for s in (1, 2, 3)]
+    assert any(c != [q["candidates"] for q in questions] for c in other_seeds)
+    assert not report.notes
+
+
+def test_the_draw_of_one_question_does_not_depend_on_the_others():
+    pool = [f"p{i}" for i in range(50)]
+    first = draw_candidates("p3", pool, "nq:7", seed=0, n=9)
+    assert first == draw_candidates("p3", pool, "nq:7", seed=0, n=9)
+    assert first != draw_candidates("p3", pool, "nq:8", seed=0, n=9)
+    assert len(set(first)) == 10 and "p3" in first
+
+
+def test_a_short_pool_gives_every_other_passage_and_a_note():
+    items, questions, report = _run()  # 9 asked, 3 other passages exist
+    assert all(sorted(q["candidates"]) == sorted(i["id"] for i in items) for q in questions)
+    assert report.notes == {"fewer_distractors_than_asked": 5}
+
+
+def test_gzip_input_and_written_files(tmp_path):
+    from canopy_ray.data.convert import convert
+
+    raw = tmp_path / "nq.jsonl.gz"
+    with gzip.open(raw, "wt", encoding="utf-8") as f:
+        f.write((FIXTURES / "nq_open.jsonl").read_text(encoding="utf-8"))
+    report = convert("nq", raw, tmp_path / "out", n_distractors=2)
+    items, questions, _ = _run(n_distractors=2)
+    read = lambda name: [json.loads(l) for l in (tmp_path / "out" / name).read_text().splitlines()]
+    assert read("corpus.jsonl") == items and read("questions.jsonl") == questions
+    assert json.loads((tmp_path / "out" / "report.json").read_text()) == report.to_dict()
+
+
+@pytest.mark.parametrize("sentences, answer, leaves", [
+    (["He was born in St.", "Ives in 1901."], "St. Ives", [0, 1]),  # cut by the splitter
+    (["A b.", "C d.", "E f."], "d. E", [1, 2]),
+    (["The 10th item.", "Item 1."], "1", [1]),  # whole tokens: "10th" does not hold "1"
+    (["Nothing here."], "absent", []),
+])
+def test_locate_sentences(sentences, answer, leaves):
+    assert locate_sentences(sentences, [Value.of(answer)]) == leaves

@@ -1,0 +1,54 @@
+from pathlib import Path
+
+import pytest
+
+from canopy_ray.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_are_the_papers_numbers():
+    cfg = load_config()
+    assert (cfg.retrieval.k, cfg.hierarchy.branching, cfg.critic.rounds) == (10, 2, 3)
+    assert cfg.hierarchy.segment_s == 30 and cfg.hierarchy.frame_every_s == 10 and cfg.hierarchy.max_frames == 32
+    assert cfg.critic.reader_token_cap == 16384
+    t = cfg.training
+    assert (t.lora_rank, t.lora_alpha, t.lora_dropout, t.lr, t.batch_size, t.epochs, t.temperature) == \
+        (8, 16, 0.05, 5e-5, 16, 2, 20)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_committed_configs_load(path):
+    if path.name == "serve.yaml" or path.name.startswith("sweep"):
+        pytest.skip("not a CanopyConfig file")
+    load_config(path)
+
+
+def test_unknown_keys_are_named(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("retrieval:\n  kk: 3\n")
+    with pytest.raises(ConfigError, match="retrieval.kk"):
+        load_config(p)
+
+
+def test_bad_values_are_named(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("hierarchy:\n  branching: 1\n")
+    with pytest.raises(ConfigError, match="hierarchy.branching"):
+        load_config(p)
+
+
+def test_overrides_merge_into_sections(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("retrieval:\n  k: 5\n")
+    cfg = load_config(p, retrieval={"shards": 3})
+    assert (cfg.retrieval.k, cfg.retrieval.shards) == (5, 3)
+
+
+def test_unreadable_or_non_mapping_files(tmp_path):
+    with pytest.raises(ConfigError):
+        load_config(tmp_path / "missing.yaml")
+    p = tmp_path / "c.yaml"
+    p.write_text("- 1\n")
+    with pytest.raises(ConfigError):
+        load_config(p)
