@@ -28,17 +28,29 @@ def _fmt_s(t: float) -> str:
     return f"{t:g}"
 
 
+def merge_adjacent(spans: Sequence[Span]) -> list[Span]:
+    """Sorted spans with touching neighbours joined: (0, 1), (1, 3) -> (0, 3)."""
+    out: list[Span] = []
+    for a, b in sorted(spans):
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
 def render(tree: ItemTree, spans: Sequence[Span]) -> str:
-    """The text of the given disjoint spans of one item, in item order."""
+    """The text of the given disjoint spans of one item, in item order; "..." marks a gap."""
     item, spans = tree.item, sorted(spans)
     if isinstance(item, TextItem):
-        parts = [" ".join(s.strip() for s in item.sentences[a:b] if s.strip()) for a, b in spans]
+        parts = [" ".join(s.strip() for s in item.sentences[a:b] if s.strip())
+                 for a, b in merge_adjacent(spans)]
         return f"{item.title}: {GAP.join(parts)}" if item.title else GAP.join(parts)
     if isinstance(item, TableItem):
         lines = [item.title] if item.title else []
         lines.append(" | ".join(item.header))
-        for k, (a, b) in enumerate(spans):
-            if k and a > spans[k - 1][1]:
+        for k, (a, b) in enumerate(merge_adjacent(spans)):
+            if k:
                 lines.append("...")
             lines.extend(" | ".join(row) for row in item.rows[a:b])
         return "\n".join(lines)

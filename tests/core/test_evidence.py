@@ -15,6 +15,7 @@ def test_text_node_is_title_colon_stripped_sentences():
     tree = build_tree(TEXT)
     assert node_text(tree, (0, 2)) == "Tulsa: Tulsa is a city. It is in Oklahoma."
     assert render(tree, [(2, 3), (0, 1)]) == "Tulsa: Tulsa is a city. ... Bands play there."
+    assert render(tree, [(1, 2), (0, 1)]) == node_text(tree, (0, 2))  # no gap, no marker
 
 
 def test_every_table_node_repeats_the_header():

@@ -1,0 +1,111 @@
+"""The ``canopy`` command: thin wrappers over the package's verbs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+
+from canopy_ray.config import ConfigError, load_config
+
+
+def _examples() -> list[dict]:
+    path = resources.files("canopy_ray") / "assets" / "examples" / "demo.json"
+    return json.loads(path.read_text())["examples"]
+
+
+def _compressor(config: str | None):
+    from canopy_ray.compressor import Compressor
+    from canopy_ray.models.encoder import TextEncoder
+
+    cfg = load_config(config)
+    m = cfg.models
+    encoder = TextEncoder(m.encoder_path, m.adapter, m.max_length, m.batch_size, m.device)
+    return Compressor.from_config(cfg, encoder)
+
+
+def _print_results(query: str, results) -> None:
+    from canopy_ray.compressor import format_forest
+
+    print(f"\nQ: {query}")
+    for r in results:
+        print(format_forest(r))
+    before = sum(r.tokens_before for r in results)
+    after = sum(r.tokens_after for r in results)
+    print(f"total: {before} -> {after} tokens ({1 - after / max(before, 1):.0%} fewer)")
+
+
+def cmd_demo(args) -> int:
+    from canopy_ray.core.items import parse_item
+
+    comp = _compressor(args.config)
+    for ex in _examples():
+        _print_results(ex["query"], comp.compress(ex["query"], [parse_item(i) for i in ex["items"]]))
+        print(f"gold answer: {', '.join(ex['answers'])}")
+    return 0
+
+
+def cmd_compress(args) -> int:
+    from canopy_ray.core.items import ItemError, iter_jsonl
+
+    lines = Path(args.items).read_text().splitlines()
+    items = []
+    for lineno, item in iter_jsonl(lines):
+        if isinstance(item, ItemError):
+            print(f"skipped line {lineno}: {item}", file=sys.stderr)
+        else:
+            items.append(item)
+    if not items:
+        print("no valid items", file=sys.stderr)
+        return 2
+    comp = _compressor(args.config)
+    results = comp.compress(args.query, items, branching=args.branching)
+    if args.json:
+        print(json.dumps([{"id": r.id, "kept": [list(s) for s in r.kept], "tokens_before": r.tokens_before,
+                           "tokens_after": r.tokens_after, "evidence": r.evidence.text,
+                           "nodes": r.nodes()} for r in results], indent=1))
+    else:
+        _print_results(args.query, results)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="canopy", description="CANOPY evidence compression for multimodal RAG, on Ray")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="compress the bundled examples and print the evidence forests")
+    demo.add_argument("--config", default=None, help="YAML config (default: built-in CPU defaults)")
+    demo.set_defaults(func=cmd_demo)
+
+    comp = sub.add_parser("compress", help="compress the items of a JSONL file for one query")
+    comp.add_argument("--query", required=True)
+    comp.add_argument("--items", required=True, help="canonical items, one JSON object per line")
+    comp.add_argument("--config", default=None)
+    comp.add_argument("--branching", type=int, default=None, help="override B")
+    comp.add_argument("--json", action="store_true", help="print JSON instead of trees")
+    comp.set_defaults(func=cmd_compress)
+
+    data = sub.add_parser("data", help="data set tools").add_subparsers(dest="data_command", required=True)
+    # listed for --help; main() hands its arguments to the converter's own parser
+    data.add_parser("convert", help="convert HotpotQA / NQ / TAT-QA into corpus.jsonl + questions.jsonl")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["data", "convert"]:
+        from canopy_ray.data.convert import main as convert_main
+
+        return convert_main(argv[2:])
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"canopy: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
