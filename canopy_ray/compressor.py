@@ -8,7 +8,7 @@ depend on the query) and from the node encoder otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -16,6 +16,8 @@ from canopy_ray.core.evidence import Piece, TokenCounter, count_words, node_text
 from canopy_ray.core.hierarchy import ItemTree, Node, Span, build_tree
 from canopy_ray.core.items import Item
 from canopy_ray.core.refine import decisions
+
+MODES = ("canopy", "none", "flat")
 
 
 @dataclass(frozen=True)
@@ -55,16 +57,22 @@ def compress_tree(query_vec: np.ndarray, tree: ItemTree, node_vecs: np.ndarray,
 
 
 class Compressor:
-    """Builds trees, gets node vectors (cache first), scores and refines."""
+    """Builds trees, gets node vectors (node store first), scores and refines.
+
+    ``node_store`` (``lookup(item_id) -> {span: vector} | None`` and ``usable_for(encoder)``)
+    serves f_theta vectors cached at index time; only items it does not hold, or holds for
+    another adapter, are encoded, in one batch. Use it only for items that came from the
+    same index: a caller's own items may reuse an id with other content.
+    """
 
     def __init__(self, encoder, branching: int = 2, segment_s: float = 30.0, frame_every_s: float = 10.0,
-                 max_frames: int = 32, count_tokens: TokenCounter = count_words,
-                 node_cache: Callable[[ItemTree], np.ndarray | None] | None = None):
+                 max_frames: int = 32, count_tokens: TokenCounter = count_words, node_store=None):
         self.encoder = encoder
         self.tree_args = dict(branching=branching, segment_s=segment_s, frame_every_s=frame_every_s,
                               max_frames=max_frames)
         self.count_tokens = count_tokens
-        self.node_cache = node_cache
+        self.node_store = node_store
+        self.stats = {"hits": 0, "misses": 0}
 
     @classmethod
     def from_config(cls, cfg, encoder, **kw) -> "Compressor":
@@ -76,25 +84,45 @@ class Compressor:
         return build_tree(item, whole=whole, **args)
 
     def node_vectors(self, trees: Sequence[ItemTree]) -> list[np.ndarray]:
-        """Cached vectors where the cache has them; one encoder batch for the rest."""
-        out: list[np.ndarray | None] = [self.node_cache(t) if self.node_cache else None for t in trees]
-        misses = [i for i, v in enumerate(out) if v is None]
-        if misses:
-            pieces = [piece(trees[i], [n.span]) for i in misses for n in trees[i].nodes()]
-            vecs = self.encoder.encode_nodes(pieces)
-            at = 0
-            for i in misses:
-                n = len(trees[i].nodes())
-                out[i], at = vecs[at:at + n], at + n
-        return out  # type: ignore[return-value]
+        """Per tree, its nodes' vectors in pre-order: cached where possible, one encoder batch for the rest."""
+        store = self.node_store if self.node_store is not None and self.node_store.usable_for(self.encoder) else None
+        found = [(store.lookup(t.item.id) if store else None) or {} for t in trees]
+        missing = [(i, n.span) for i, t in enumerate(trees) for n in t.nodes() if n.span not in found[i]]
+        if missing:
+            vecs = self.encoder.encode_nodes([piece(trees[i], [span]) for i, span in missing])
+            for (i, span), v in zip(missing, vecs):
+                found[i] = {**found[i], span: v}
+        self.stats["misses"] += len(missing)
+        self.stats["hits"] += sum(len(t.nodes()) for t in trees) - len(missing)
+        return [np.stack([np.asarray(f[n.span], np.float32) for n in t.nodes()]) for f, t in zip(found, trees)]
 
-    def compress(self, query: str, items: Sequence[Item], branching: int | None = None,
-                 query_vec: np.ndarray | None = None) -> list[ItemResult]:
-        if query_vec is None:
-            query_vec = self.encoder.encode_queries([query])[0]
-        trees = [self.tree(it, branching=branching) for it in items]
-        return [compress_tree(query_vec, t, v, self.count_tokens)
-                for t, v in zip(trees, self.node_vectors(trees))]
+    def compress_items(self, query_vec: np.ndarray, items: Sequence[Item], branching: int | None = None,
+                       whole: frozenset[str] = frozenset(), mode: str = "canopy", flat_m: int = 5,
+                       round: int = 1) -> list[ItemResult]:
+        """Compress items against a query vector. ``mode``: ``canopy`` (refinement), ``none``
+        (items passed whole) or ``flat`` (the m best leaves); ``whole`` names items kept unsplit."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        trees = [self.tree(it, whole=mode == "none" or it.id in whole, branching=branching) for it in items]
+        vecs = self.node_vectors(trees)
+        if mode == "flat":
+            return [flat_tree(query_vec, t, v, flat_m, self.count_tokens, round) for t, v in zip(trees, vecs)]
+        return [compress_tree(query_vec, t, v, self.count_tokens, round) for t, v in zip(trees, vecs)]
+
+    def compress(self, query: str, items: Sequence[Item], branching: int | None = None) -> list[ItemResult]:
+        return self.compress_items(self.encoder.encode_queries([query])[0], items, branching)
+
+
+def flat_tree(query_vec: np.ndarray, tree: ItemTree, node_vecs: np.ndarray, m: int,
+              count_tokens: TokenCounter = count_words, round: int = 1) -> ItemResult:
+    """The "flat" baseline: the item's m best-scoring leaves, no hierarchy."""
+    scores = score_nodes(query_vec, tree.nodes(), node_vecs)
+    leaves = [n.span for n in tree.nodes() if n.is_leaf]
+    kept = sorted(sorted(leaves, key=lambda s: -scores[s])[:m])
+    fate = {n.span: ("kept" if n.span in kept else "dropped") if n.is_leaf else "split" for n in tree.nodes()}
+    ev = piece(tree, kept, round)
+    return ItemResult(tree, scores, fate, kept, count_tokens(render(tree, [tree.root.span])),
+                      count_tokens(ev.text), ev)
 
 
 def format_forest(result: ItemResult, width: int = 72) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class Section(BaseModel):
@@ -35,6 +35,17 @@ class CriticConfig(Section):
     reader_token_cap: int = Field(16384, ge=256, description="reader evidence tokens at most")
 
 
+PACKAGE_PREFIX = "package:"
+
+
+def resolve_path(path: str | None) -> str | None:
+    """``package:assets/...`` -> an absolute path inside the installed ``canopy_ray``
+    package (shipped adapters); other paths are returned unchanged."""
+    if path and path.startswith(PACKAGE_PREFIX):
+        return str(Path(__file__).resolve().parent / path[len(PACKAGE_PREFIX):])
+    return path
+
+
 class ModelsConfig(Section):
     encoder: Literal["minilm", "qwen3-vl"] = "minilm"
     encoder_path: str | None = Field(None, description="model directory; None = the packaged default")
@@ -42,6 +53,11 @@ class ModelsConfig(Section):
     max_length: int = Field(256, ge=8, description="encoder input tokens at most")
     batch_size: int = Field(64, ge=1)
     device: str = "cpu"
+
+    @field_validator("adapter", "encoder_path")
+    @classmethod
+    def _package_paths(cls, v: str | None) -> str | None:
+        return resolve_path(v)
 
 
 class TrainingConfig(Section):
@@ -57,12 +73,37 @@ class TrainingConfig(Section):
     seed: int = 0
 
 
+class LLMSection(Section):
+    """The critic/reader/classifier model (named so as not to clash with ray.serve.llm.LLMConfig)."""
+
+    backend: Literal["local", "openai", "vllm"] = Field(
+        "local", description="local: SmolLM2-135M in-process (CPU); openai/vllm: an endpoint at url")
+    url: str | None = Field(None, description="base URL of an OpenAI-compatible endpoint, ending in /v1")
+    model: str | None = Field(None, description="served model name for openai/vllm")
+    max_new_tokens: int = Field(64, ge=1)
+    timeout_s: float = Field(120.0, gt=0)
+    threads: int | None = Field(1, ge=1, description="torch threads of the local backend")
+    cache_dir: str | None = Field(None, description="where the converted local model is cached")
+
+
+class IndexConfig(Section):
+    """The indexing job: Ray Data actor pool, batches, and the resume granularity."""
+
+    actors: int = Field(1, ge=1, description="embedding actors in the Ray Data pool")
+    cpus_per_actor: float = Field(1.0, gt=0, description="CPUs reserved (and torch threads) per actor")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per embedding actor (0 = CPU)")
+    batch_items: int = Field(32, ge=1, description="items per map_batches call")
+    shard_items: int = Field(1000, ge=1, description="corpus lines per input shard (the unit of resume)")
+
+
 class CanopyConfig(Section):
     retrieval: RetrievalConfig = RetrievalConfig()
     hierarchy: HierarchyConfig = HierarchyConfig()
     critic: CriticConfig = CriticConfig()
     models: ModelsConfig = ModelsConfig()
     training: TrainingConfig = TrainingConfig()
+    index: IndexConfig = IndexConfig()
+    llm: LLMSection = LLMSection()
 
 
 class ConfigError(ValueError):

@@ -44,16 +44,24 @@ def test_cached_node_vectors_skip_the_encoder(minilm):
     tree = build_tree(TEXT)
     cached = Compressor(minilm).node_vectors([tree])[0]
 
+    class Store:  # the node store's interface over vectors computed above
+        def lookup(self, item_id):
+            return {n.span: v for n, v in zip(tree.nodes(), cached)} if item_id == TEXT.id else None
+
+        def usable_for(self, encoder):
+            return True
+
     class Refuses:
         def encode_nodes(self, nodes):
             raise AssertionError("a cache hit must not encode")
 
-    comp = Compressor(Refuses(), node_cache=lambda t: cached)
+    comp = Compressor(Refuses(), node_store=Store())
     q = minilm.encode_queries(["Where did Tinted Windows first perform?"])[0]
-    (hit,) = comp.compress("", [TEXT], query_vec=q)
+    (hit,) = comp.compress_items(q, [TEXT])
     (miss,) = Compressor(minilm).compress("Where did Tinted Windows first perform?", [TEXT])
     assert hit.kept == miss.kept
     assert hit.scores == pytest.approx(miss.scores)
+    assert comp.stats == {"hits": len(tree.nodes()), "misses": 0}
 
 
 @pytest.mark.integration
@@ -66,3 +74,16 @@ def test_cli_compress_json(tmp_path, capsys):
     (res,) = json.loads(out.out)
     assert res["id"] == "p" and "skipped line 2" in out.err
     assert {n["decision"] for n in res["nodes"]} <= {"kept", "split", "dropped", "within"}
+
+
+def test_flat_mode_keeps_the_m_best_leaves_and_none_keeps_items_whole():
+    from canopy_ray.compressor import flat_tree
+
+    tree = build_tree(TEXT)
+    q = np.array([1.0, 0.0])
+    angles = [0.5, 0.2, 0.0, 0.3, 0.8, 0.9, 0.1]
+    vecs = np.array([[a, np.sqrt(1 - a * a)] for a in angles])
+    r = flat_tree(q, tree, vecs, m=2)
+    assert r.kept == [(1, 2), (2, 3)]
+    assert r.evidence.text == ("Tinted Windows: It formed in New York City in 2008. "
+                               "Their first performance was in Tulsa, Oklahoma.")

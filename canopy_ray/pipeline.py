@@ -1,0 +1,218 @@
+"""The CANOPY loop for one question: retrieve, build trees, score, refine, critic, read.
+
+Written once, async, against :class:`Backends`; :class:`LocalBackends` runs everything in
+this process (tests, evaluation, the CLI) and ``canopy_ray.serve`` supplies backends that
+call Ray Serve deployment handles, so both paths execute this same code.
+
+Per round t (at most R): encode q_t with f0, search, keep the first k items not already in
+the evidence (follow-ups never re-read what the evidence holds; how many of the plain top-k
+were already there is recorded), classify each new table once (aggregation keeps it
+whole), refine every new item against q_t, append the kept regions, truncate newest-first
+to the reader cap and ask the critic. Then the reader answers from the evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from canopy_ray.compressor import MODES, Compressor, ItemResult
+from canopy_ray.core.evidence import (Piece, TokenCounter, count_words, piece, render, render_evidence,
+                                      truncate_newest_first)
+from canopy_ray.core.hierarchy import build_tree
+from canopy_ray.core.items import Item, TableItem
+from canopy_ray.models.llm.roles import Outcome, RoleCall, arun_role, critic_call, reader_call, table_call
+
+
+@dataclass(frozen=True)
+class Settings:
+    k: int = 10
+    rounds: int = 3
+    branching: int = 2
+    reader_token_cap: int = 16384
+    mode: str = "canopy"
+    flat_m: int = 5  # leaves per item for mode "flat"
+    classify_tables: bool = True
+
+    @classmethod
+    def from_config(cls, cfg, **overrides) -> "Settings":
+        base = dict(k=cfg.retrieval.k, rounds=cfg.critic.rounds, branching=cfg.hierarchy.branching,
+                    reader_token_cap=cfg.critic.reader_token_cap)
+        return cls(**(base | {k: v for k, v in overrides.items() if v is not None}))
+
+
+class Backends(Protocol):
+    """What the loop needs from the heavy parts; every call is awaited."""
+
+    async def encode_queries(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    async def search(self, query_vec: np.ndarray, k: int) -> list[tuple[str, float]]: ...
+
+    async def fetch(self, item_ids: Sequence[str]) -> list[Item]: ...
+
+    async def compress(self, query_vec: np.ndarray, items: Sequence[Item], branching: int,
+                       whole: frozenset[str], mode: str, flat_m: int, round: int) -> list[ItemResult]: ...
+
+    async def llm(self, call: RoleCall) -> Outcome: ...
+
+
+@dataclass
+class Answer:
+    question: str
+    answer: str
+    evidence: list[Piece]
+    rounds: int
+    queries: list[str]
+    retrieved: list[list[str]]  # new item ids per round
+    llm_calls: Counter = field(default_factory=Counter)
+    llm_failures: Counter = field(default_factory=Counter)
+    tokens: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=lambda: defaultdict(float))
+    followup_seen: int = 0  # plain top-k hits of rounds >= 2 already in the evidence
+    followup_total: int = 0
+    results: list[ItemResult] = field(default_factory=list)
+
+    @property
+    def evidence_text(self) -> str:
+        return render_evidence(self.evidence)
+
+    def to_dict(self) -> dict:
+        return {
+            "question": self.question, "answer": self.answer, "rounds": self.rounds, "queries": self.queries,
+            "retrieved": self.retrieved,
+            "evidence": [{"item_id": p.item_id, "modality": p.modality, "spans": [list(s) for s in p.spans],
+                          "round": p.round, "text": p.text} for p in self.evidence],
+            "llm_calls": dict(self.llm_calls), "llm_calls_total": sum(self.llm_calls.values()),
+            "llm_failures": dict(self.llm_failures), "tokens": self.tokens,
+            "timings": {k: round(v, 6) for k, v in self.timings.items()},
+            "followup_seen": self.followup_seen, "followup_total": self.followup_total,
+        }
+
+
+class Pipeline:
+    def __init__(self, backends: Backends, settings: Settings = Settings(),
+                 count_tokens: TokenCounter = count_words):
+        self.backends, self.settings, self.count_tokens = backends, settings, count_tokens
+
+    async def _timed(self, ans: Answer, stage: str, coro):
+        t0 = time.perf_counter()
+        try:
+            return await coro
+        finally:
+            ans.timings[stage] += time.perf_counter() - t0
+
+    async def _llm(self, ans: Answer, call: RoleCall) -> Outcome:
+        out = await self._timed(ans, f"llm_{call.role}", self.backends.llm(call))
+        ans.llm_calls[call.role] += 1
+        if out.failed:
+            ans.llm_failures[call.role] += 1
+        return out
+
+    async def answer(self, question: str, **overrides) -> Answer:
+        s = Settings(**(self.settings.__dict__ | {k: v for k, v in overrides.items() if v is not None}))
+        if s.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {s.mode!r}")
+        t_start = time.perf_counter()
+        ans = Answer(question, "", [], 0, [], [])
+        seen: set[str] = set()
+        pieces: list[Piece] = []
+        reader_pieces: list[Piece] = []
+        before = after = 0
+        query = question
+        for t in range(1, s.rounds + 1):
+            ans.rounds, ans.queries = t, ans.queries + [query]
+            qvec = (await self._timed(ans, "encode", self.backends.encode_queries([query])))[0]
+            hits = await self._timed(ans, "search", self.backends.search(qvec, s.k + len(seen)))
+            if t > 1:
+                top = [i for i, _ in hits[: s.k]]
+                ans.followup_seen += sum(i in seen for i in top)
+                ans.followup_total += len(top)
+            new_ids = [i for i, _ in hits if i not in seen][: s.k]
+            ans.retrieved.append(new_ids)
+            seen.update(new_ids)
+            items = await self._timed(ans, "fetch", self.backends.fetch(new_ids))
+            whole = await self._aggregation_tables(ans, question, items, s)
+            results = await self._timed(ans, "compress", self.backends.compress(
+                qvec, items, s.branching, whole, s.mode, s.flat_m, t))
+            ans.results.extend(results)
+            before += sum(r.tokens_before for r in results)
+            after += sum(r.tokens_after for r in results)
+            pieces.extend(r.evidence for r in results)
+            reader_pieces = truncate_newest_first(pieces, s.reader_token_cap, self.count_tokens)
+            if t == s.rounds:
+                break
+            critique = (await self._llm(ans, critic_call(question, render_evidence(reader_pieces)))).value
+            if critique.sufficient:
+                break
+            query = critique.next_query.strip() or question
+        reply = await self._llm(ans, reader_call(question, render_evidence(reader_pieces)))
+        ans.answer, ans.evidence = reply.value, reader_pieces
+        ans.tokens = {"before": before, "after": after,
+                      "reader": self.count_tokens(render_evidence(reader_pieces))}
+        ans.timings["total"] = time.perf_counter() - t_start
+        return ans
+
+    async def _aggregation_tables(self, ans: Answer, question: str, items: Sequence[Item],
+                                  s: Settings) -> frozenset[str]:
+        """One classifier call per new table; aggregation questions keep the table whole."""
+        tables = [it for it in items if isinstance(it, TableItem)] if s.classify_tables and s.mode == "canopy" else []
+        if not tables:
+            return frozenset()
+        outs = await asyncio.gather(*(self._llm(ans, table_call(question, _table_preview(tb))) for tb in tables))
+        return frozenset(tb.id for tb, o in zip(tables, outs) if o.value == "aggregation")
+
+    def answer_sync(self, question: str, **overrides) -> Answer:
+        return asyncio.run(self.answer(question, **overrides))
+
+
+def _table_preview(table: TableItem) -> str:
+    return render(build_tree(table, whole=True), [(0, min(3, len(table.rows)))])
+
+
+class LocalBackends:
+    """Everything in this process: an encoder, a retriever, a compressor and a chat client."""
+
+    def __init__(self, encoder, retriever, compressor: Compressor, chat_client):
+        self.encoder, self.retriever, self.compressor, self.client = encoder, retriever, compressor, chat_client
+
+    async def encode_queries(self, texts):
+        return self.encoder.encode_queries(list(texts))
+
+    async def search(self, query_vec, k):
+        return self.retriever.search(np.asarray(query_vec, np.float32)[None, :], k)[0]
+
+    async def fetch(self, item_ids):
+        return self.retriever.items(item_ids)
+
+    async def compress(self, query_vec, items, branching, whole, mode, flat_m, round):
+        return self.compressor.compress_items(query_vec, items, branching, whole, mode, flat_m, round)
+
+    async def llm(self, call):
+        return await arun_role(self.client, call)
+
+
+class MemoryRetriever:
+    """Exact inner-product search over a few items held in memory (the "given" setting:
+    a benchmark's candidate items for one question)."""
+
+    def __init__(self, items: Sequence[Item], encoder, compressor: Compressor):
+        self._items = {it.id: it for it in items}
+        self.ids = list(self._items)
+        roots = [compressor.tree(it, whole=True) for it in items]
+        self.vectors = np.asarray(encoder.encode_items([piece(t, [t.root.span]) for t in roots]), np.float32)
+
+    def search(self, queries: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
+        sims = np.asarray(queries, np.float32) @ self.vectors.T
+        out = []
+        for row in sims:
+            order = np.argsort(-row, kind="stable")[:k]
+            out.append([(self.ids[i], float(row[i])) for i in order])
+        return out
+
+    def items(self, item_ids: Sequence[str]) -> list[Item]:
+        return [self._items[i] for i in item_ids]

