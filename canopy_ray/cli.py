@@ -71,6 +71,21 @@ def cmd_compress(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import ray
+    from ray import serve
+
+    from canopy_ray.serve import build_app
+
+    over = {k: v for k, v in {"index_dir": args.index, "media_root": args.media_root, "host": args.host,
+                              "port": args.port}.items() if v is not None}
+    cfg = load_config(args.config, serve=over)
+    ray.init(address=args.address, include_dashboard=False)
+    serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
+    serve.run(build_app({"cfg": cfg}), name="canopy", route_prefix="/", blocking=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="canopy", description="CANOPY evidence compression for multimodal RAG, on Ray")
     sub = p.add_subparsers(dest="command", required=True)
@@ -86,6 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--branching", type=int, default=None, help="override B")
     comp.add_argument("--json", action="store_true", help="print JSON instead of trees")
     comp.set_defaults(func=cmd_compress)
+
+    srv = sub.add_parser("serve", help="run the Ray Serve application (HTTP API on 127.0.0.1:8000)")
+    srv.add_argument("--config", default="configs/cpu.yaml")
+    srv.add_argument("--index", default=None, help="index directory for /v1/answer")
+    srv.add_argument("--media-root", default=None, help="image/video paths in requests must lie under it")
+    srv.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=None)
+    srv.add_argument("--address", default=None, help="Ray cluster address (default: start a local one)")
+    srv.set_defaults(func=cmd_serve)
 
     data = sub.add_parser("data", help="data set tools").add_subparsers(dest="data_command", required=True)
     # listed for --help; main() hands its arguments to the converter's own parser

@@ -24,7 +24,7 @@ def build_app(args: dict[str, Any] | None = None):
             import_path: canopy_ray.serve:build_app
             args: {config: configs/cpu.yaml, index_dir: runs/index}
     """
-    args = dict(args or {})
+    args = {k: v for k, v in (args or {}).items() if v is not None}  # YAML nulls mean "not given"
     cfg = args.pop("cfg", None) or load_config(args.pop("config", None))
     serve_over = {k: args.pop(k) for k in ("index_dir", "media_root") if k in args}
     models_over = {k: args.pop(k) for k in ("adapter",) if k in args}
@@ -45,14 +45,12 @@ def graph(cfg: CanopyConfig):
     query_encoder = QueryEncoder.options(ray_actor_options=cpus).bind(cfg)
     node_encoder = NodeEncoder.options(ray_actor_options=cpus).bind(cfg)
     refiner = Refiner.options(ray_actor_options=cpus).bind(cfg, node_encoder)
-    retriever = None
-    if cfg.serve.index_dir:
-        searchers = None
-        if cfg.serve.shard_replicas:
-            n = len(_manifest(cfg.serve.index_dir)["shards"])
-            searchers = [ShardSearcher.options(name=f"ShardSearcher{s}", ray_actor_options=cpus)
-                         .bind(cfg.serve.index_dir, s) for s in range(n)]
-        retriever = Retriever.options(ray_actor_options=cpus).bind(cfg.serve.index_dir, searchers)
+    searchers = None
+    if cfg.serve.index_dir and cfg.serve.shard_replicas:  # one replica holds one shard
+        n = len(_manifest(cfg.serve.index_dir)["shards"])
+        searchers = [ShardSearcher.options(name=f"ShardSearcher{s}", ray_actor_options=cpus)
+                     .bind(cfg.serve.index_dir, s) for s in range(n)]
+    retriever = Retriever.options(ray_actor_options=cpus).bind(cfg.serve.index_dir, searchers)
     llm = LLMServer.options(ray_actor_options=cpus).bind(cfg) if cfg.llm.backend == "local" else None
     return Ingress.options(ray_actor_options=cpus).bind(cfg, query_encoder, refiner, retriever, llm)
 

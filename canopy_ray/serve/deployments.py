@@ -147,10 +147,12 @@ class ShardSearcher:
 class Retriever:
     """Top-k item search over the unified index and item fetch by id."""
 
-    def __init__(self, index_dir: str, shard_searchers: list | None = None):
+    def __init__(self, index_dir: str | None, shard_searchers: list | None = None):
         from canopy_ray.index import load_index
 
-        self.index = load_index(index_dir, verify=True)
+        # Without an index the deployment still exists (so one Serve YAML fits both cases);
+        # the ingress answers /v1/answer with 503 then.
+        self.index = load_index(index_dir, verify=True) if index_dir else None
         self.shards = shard_searchers or []
 
     async def search(self, query_vec: np.ndarray, k: int) -> list[tuple[str, float]]:
@@ -166,6 +168,8 @@ class Retriever:
         return self.index.items(item_ids)
 
     def info(self) -> dict:
+        if self.index is None:
+            return {"count": 0}
         m = self.index.manifest
         return {"count": m["count"], "dim": m["dim"], "model_id": m.get("model_id"),
                 "adapter_id": m.get("adapter_id"), "shards": len(m["shards"])}

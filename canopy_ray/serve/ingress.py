@@ -111,7 +111,7 @@ def _result_json(r, explain: bool) -> dict:
 class Ingress:
     """The only HTTP-facing deployment; everything else is reached through handles."""
 
-    def __init__(self, cfg: CanopyConfig, query_encoder, refiner, retriever=None, llm=None):
+    def __init__(self, cfg: CanopyConfig, query_encoder, refiner, retriever, llm=None):
         from canopy_ray.models.llm import client_from_config
 
         self.cfg = cfg
@@ -180,7 +180,7 @@ class Ingress:
     async def answer(self, request: Request):
         req = AnswerRequest.model_validate_json(await self._body(request))
         self._check_query(req.question)
-        if self.retriever is None:
+        if not self.cfg.serve.index_dir:
             raise ApiError(503, "no_index", "this server has no index: set serve.index_dir and run the index job")
         backends = ServeBackends(self.query_encoder, self.retriever, self.refiner, self.client)
         pipeline = Pipeline(backends, self.settings, self.count_tokens)
@@ -205,11 +205,8 @@ class Ingress:
 
     @api.get("/healthz")
     async def healthz(self):
-        return {"status": "ok", "index": self.retriever is not None, "llm": self.cfg.llm.backend}
+        return {"status": "ok", "index": bool(self.cfg.serve.index_dir), "llm": self.cfg.llm.backend}
 
     @api.get("/v1/config")
     async def config(self):
-        out = self.cfg.model_dump()
-        if self.retriever is not None:
-            out["index_info"] = await self.retriever.info.remote()
-        return out
+        return self.cfg.model_dump() | {"index_info": await self.retriever.info.remote()}
