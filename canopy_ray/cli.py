@@ -86,9 +86,23 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_quickstart(args) -> int:
+    from canopy_ray.quickstart import run
+
+    run(load_config(args.config), args.out, args.questions, port=args.port)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="canopy", description="CANOPY evidence compression for multimodal RAG, on Ray")
     sub = p.add_subparsers(dest="command", required=True)
+
+    qs = sub.add_parser("quickstart", help="index the bundled sample, serve it, ask it, show the evidence forests")
+    qs.add_argument("--config", default=None, help="YAML config (default: the CPU defaults)")
+    qs.add_argument("--out", default="runs/quickstart", help="index, answers.json and report.html go here")
+    qs.add_argument("--questions", type=int, default=4, help="sample questions to ask")
+    qs.add_argument("--port", type=int, default=8000)
+    qs.set_defaults(func=cmd_quickstart)
 
     demo = sub.add_parser("demo", help="compress the bundled examples and print the evidence forests")
     demo.add_argument("--config", default=None, help="YAML config (default: built-in CPU defaults)")

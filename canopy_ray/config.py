@@ -124,6 +124,13 @@ class CanopyConfig(Section):
     llm: LLMSection = LLMSection()
     serve: ServeConfig = ServeConfig()
 
+    def override(self, **sections: dict) -> "CanopyConfig":
+        """A validated copy with some sections' keys replaced: ``cfg.override(serve={"port": 9000})``."""
+        data = self.model_dump()
+        for name, values in sections.items():
+            data[name] = {**data[name], **values}
+        return CanopyConfig.model_validate(data)
+
 
 class ConfigError(ValueError):
     pass

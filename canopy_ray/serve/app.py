@@ -30,10 +30,7 @@ def build_app(args: dict[str, Any] | None = None):
     models_over = {k: args.pop(k) for k in ("adapter",) if k in args}
     if args:
         raise ValueError(f"unknown build_app args: {sorted(args)}")
-    if serve_over or models_over:
-        cfg = CanopyConfig.model_validate(cfg.model_dump() | {
-            "serve": cfg.serve.model_dump() | serve_over, "models": cfg.models.model_dump() | models_over})
-    return graph(cfg)
+    return graph(cfg.override(serve=serve_over, models=models_over))
 
 
 def graph(cfg: CanopyConfig):
