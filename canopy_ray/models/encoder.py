@@ -21,11 +21,17 @@ from canopy_ray.core.evidence import Piece
 
 class Encoder(Protocol):
     dim: int
+    model_id: str  # names the base model, recorded in index manifests
     adapter_id: str  # names the node encoder, so caches know when they are stale
 
-    def encode_queries(self, texts: Sequence[str]) -> np.ndarray: ...
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """f0 over query texts -> (n, dim) float32 unit vectors."""
 
-    def encode_nodes(self, nodes: Sequence[Piece]) -> np.ndarray: ...
+    def encode_items(self, items: Sequence[Piece]) -> np.ndarray:
+        """f0 over whole items (their root pieces), for the retrieval index."""
+
+    def encode_nodes(self, nodes: Sequence[Piece]) -> np.ndarray:
+        """f_theta over node pieces (f0 when there is no adapter)."""
 
 
 def packaged_minilm_dir() -> Path:
@@ -50,6 +56,7 @@ class TextEncoder:
         from transformers import AutoModel, AutoTokenizer
 
         model_dir = Path(model_dir) if model_dir else packaged_minilm_dir()
+        self.model_id = "all-MiniLM-L6-v2" if model_dir == packaged_minilm_dir() else str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         model = AutoModel.from_pretrained(model_dir, local_files_only=True)
         self.adapter_id = "frozen"
@@ -89,9 +96,30 @@ class TextEncoder:
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self._encode(list(texts), use_adapter=False)
 
+    def encode_items(self, items: Sequence[Piece]) -> np.ndarray:
+        return self._encode([p.text for p in items], use_adapter=False)
+
     def encode_nodes(self, nodes: Sequence[Piece]) -> np.ndarray:
         # A text encoder sees images and video through their titles, captions and transcripts.
         return self._encode([n.text for n in nodes], use_adapter=True)
+
+
+def build_encoder(models_cfg, device: str | None = None) -> Encoder:
+    """The encoder a ``ModelsConfig`` names: ``minilm`` (CPU default) or ``qwen3-vl`` (GPU).
+
+    ``device`` overrides ``models_cfg.device`` (an actor given no GPU falls back to CPU).
+    """
+    device = device or models_cfg.device
+    if models_cfg.encoder == "minilm":
+        return TextEncoder(models_cfg.encoder_path, models_cfg.adapter, models_cfg.max_length,
+                           models_cfg.batch_size, device)
+    if models_cfg.encoder == "qwen3-vl":
+        from canopy_ray.models.qwen3vl import Qwen3VLEncoder
+
+        return Qwen3VLEncoder(models_cfg.encoder_path, models_cfg.adapter,
+                              max_length=models_cfg.max_length, batch_size=models_cfg.batch_size,
+                              device=device)
+    raise ValueError(f"unknown encoder {models_cfg.encoder!r}")
 
 
 def adapter_fingerprint(adapter_dir: str | Path) -> str:

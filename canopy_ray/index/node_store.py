@@ -1,0 +1,145 @@
+"""Cached f_theta node embeddings, fp16, keyed by item id, loadable by memory map.
+
+Node embeddings do not depend on the query, so the indexing job stores every node of every
+item (pre-order, as ``ItemTree.nodes()`` lists them) beside the index:
+
+- ``nodes.f16.npy``  (N, dim) float16 unit vectors, opened with ``np.load(mmap_mode="r")``;
+- ``node_spans.npy`` (N, 2) int32 leaf spans ``[start, end)``;
+- ``node_items.parquet``: ``item_id, offset, count`` (rows of the two arrays per item).
+
+Online, ``NodeStore.vectors(tree, spans, encoder)`` is a lookup; spans that are not cached
+(an item indexed after the store was built, another branching factor) or a store written
+by another node encoder (its ``adapter_id`` differs from the encoder's) fall back to
+encoding on the fly, and ``stats`` counts hits and misses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from canopy_ray.core.evidence import piece
+from canopy_ray.core.hierarchy import ItemTree, Span
+
+VECTORS, SPANS, ITEMS = "nodes.f16.npy", "node_spans.npy", "node_items.parquet"
+
+
+class NodeStoreWriter:
+    """Fills the store row by row; the total node count is known up front."""
+
+    def __init__(self, out_dir: str | Path, total_nodes: int, dim: int):
+        self.out_dir = Path(out_dir)
+        self._vec_tmp = self.out_dir / (VECTORS + ".tmp")
+        self._span_tmp = self.out_dir / (SPANS + ".tmp")
+        self.vectors = np.lib.format.open_memmap(self._vec_tmp, mode="w+", dtype=np.float16,
+                                                 shape=(total_nodes, dim))
+        self.spans = np.lib.format.open_memmap(self._span_tmp, mode="w+", dtype=np.int32,
+                                               shape=(total_nodes, 2))
+        self.item_ids: list[str] = []
+        self.offsets: list[int] = []
+        self.counts: list[int] = []
+        self.at = 0
+
+    def add(self, item_id: str, spans: np.ndarray, vectors: np.ndarray) -> None:
+        n = len(spans)
+        self.vectors[self.at:self.at + n] = vectors.astype(np.float16)
+        self.spans[self.at:self.at + n] = spans
+        self.item_ids.append(item_id)
+        self.offsets.append(self.at)
+        self.counts.append(n)
+        self.at += n
+
+    def close(self) -> dict:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self.at != len(self.vectors):
+            raise ValueError(f"node store expected {len(self.vectors)} nodes, got {self.at}")
+        self.vectors.flush()
+        self.spans.flush()
+        del self.vectors, self.spans
+        self._vec_tmp.replace(self.out_dir / VECTORS)
+        self._span_tmp.replace(self.out_dir / SPANS)
+        table = pa.table({"item_id": self.item_ids, "offset": pa.array(self.offsets, pa.int64()),
+                          "count": pa.array(self.counts, pa.int32())})
+        tmp = self.out_dir / (ITEMS + ".tmp")
+        pq.write_table(table, tmp)
+        tmp.replace(self.out_dir / ITEMS)
+        return {"vectors": VECTORS, "spans": SPANS, "items": ITEMS, "nodes": self.at,
+                "dtype": "float16"}
+
+
+class NodeStore:
+    """Lookup of cached node vectors with on-the-fly fallback."""
+
+    def __init__(self, vectors: np.ndarray | None, spans: np.ndarray | None, rows: dict[str, tuple[int, int]],
+                 adapter_id: str | None, model_id: str | None = None):
+        self._vectors, self._spans, self._rows = vectors, spans, rows
+        self.adapter_id, self.model_id = adapter_id, model_id
+        self.stats = {"hits": 0, "misses": 0}
+
+    @classmethod
+    def empty(cls) -> "NodeStore":
+        """No cache: every node is encoded on the fly."""
+        return cls(None, None, {}, None)
+
+    @classmethod
+    def load(cls, out_dir: str | Path, adapter_id: str, model_id: str | None = None,
+             mmap: bool = True) -> "NodeStore":
+        import pyarrow.parquet as pq
+
+        out_dir = Path(out_dir)
+        vectors = np.load(out_dir / VECTORS, mmap_mode="r" if mmap else None)
+        spans = np.load(out_dir / SPANS, mmap_mode="r" if mmap else None)
+        t = pq.read_table(out_dir / ITEMS).to_pydict()
+        rows = {i: (o, c) for i, o, c in zip(t["item_id"], t["offset"], t["count"])}
+        return cls(vectors, spans, rows, adapter_id, model_id)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, item_id: str) -> bool:
+        return item_id in self._rows
+
+    @property
+    def n_nodes(self) -> int:
+        return 0 if self._vectors is None else len(self._vectors)
+
+    def lookup(self, item_id: str) -> dict[Span, np.ndarray] | None:
+        """Cached vectors of one item by span (float32), or None when it is not cached."""
+        row = self._rows.get(item_id)
+        if row is None:
+            return None
+        o, c = row
+        spans = self._spans[o:o + c]
+        vecs = np.asarray(self._vectors[o:o + c], dtype=np.float32)
+        return {(int(a), int(b)): v for (a, b), v in zip(spans, vecs)}
+
+    def usable_for(self, encoder) -> bool:
+        """The cache holds this encoder's node vectors (same adapter, same model)."""
+        if encoder is None:
+            return True
+        if getattr(encoder, "adapter_id", None) != self.adapter_id:
+            return False
+        return self.model_id is None or getattr(encoder, "model_id", self.model_id) == self.model_id
+
+    def vectors(self, tree: ItemTree, spans: Sequence[Span] | None = None, encoder=None) -> np.ndarray:
+        """f_theta vectors (len(spans), dim) float32 for the tree's nodes (all of them by default).
+
+        Cached vectors are used when the store matches ``encoder``; the rest are encoded with
+        ``encoder`` (a miss without an encoder is an error).
+        """
+        spans = [n.span for n in tree.nodes()] if spans is None else [tuple(s) for s in spans]
+        cached = self.lookup(tree.item.id) if self.usable_for(encoder) else None
+        cached = cached or {}
+        missing = [s for s in spans if s not in cached]
+        self.stats["hits"] += len(spans) - len(missing)
+        self.stats["misses"] += len(missing)
+        if missing:
+            if encoder is None:
+                raise KeyError(f"item {tree.item.id!r}: {len(missing)} nodes not cached and no encoder given")
+            fresh = encoder.encode_nodes([piece(tree, [s]) for s in missing])
+            cached = {**cached, **dict(zip(missing, fresh))}
+        return np.stack([np.asarray(cached[s], np.float32) for s in spans])

@@ -1,0 +1,92 @@
+"""An index directory as the online pipeline sees it: manifest, FAISS shards, items, nodes.
+
+Layout written by ``canopy_ray.indexer.run_index``::
+
+    DIR/manifest.json         model id, dim, count, adapter id, index type, checksums
+    DIR/shard-000.faiss ...   FAISS shards (rows in item-table order)
+    DIR/items.parquet         the item table: id, modality, canonical item JSON
+    DIR/nodes.f16.npy, node_spans.npy, node_items.parquet   the node store
+    DIR/summary.json, report.json, skipped.jsonl             what the job did and skipped
+
+``manifest.json`` is written last, so its presence means the index is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from canopy_ray.core.items import Item, parse_item
+from canopy_ray.index.node_store import NodeStore
+from canopy_ray.index.shards import ShardedIndex, file_sha256
+
+MANIFEST = "manifest.json"
+ITEMS = "items.parquet"
+FORMAT = "canopy-index/1"
+
+
+def index_checksum(entries: Sequence[dict], extra_files: Sequence[Path]) -> str:
+    """One checksum over the shard checksums and the item/node files."""
+    h = hashlib.sha256()
+    for e in entries:
+        h.update(e["sha256"].encode())
+    for path in extra_files:
+        h.update(file_sha256(path).encode())
+    return h.hexdigest()
+
+
+class CanopyIndex:
+    """Search item vectors, fetch items, look up cached node vectors."""
+
+    def __init__(self, root: Path, manifest: dict, shards: ShardedIndex, ids: list[str],
+                 nodes: NodeStore):
+        self.root, self.manifest, self.shards, self.ids, self.nodes = root, manifest, shards, ids, nodes
+        self._items_json: list[str] | None = None
+        self._pos = {i: p for p, i in enumerate(ids)}
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["dim"])
+
+    @property
+    def count(self) -> int:
+        return int(self.manifest["count"])
+
+    def search(self, queries: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
+        """Top-k ``(item_id, score)`` per query (unit query vectors from f0)."""
+        scores, positions = self.shards.search(queries, k)
+        return [[(self.ids[p], float(s)) for s, p in zip(srow, prow) if p >= 0]
+                for srow, prow in zip(scores, positions)]
+
+    def item(self, item_id: str) -> Item:
+        if self._items_json is None:
+            import pyarrow.parquet as pq
+
+            self._items_json = pq.read_table(self.root / ITEMS, columns=["item"]).column("item").to_pylist()
+        return parse_item(json.loads(self._items_json[self._pos[item_id]]))
+
+    def items(self, item_ids: Sequence[str]) -> list[Item]:
+        return [self.item(i) for i in item_ids]
+
+
+def load_index(root: str | Path, verify: bool = True, mmap: bool = True) -> CanopyIndex:
+    """Open an index directory; ``verify`` checks the shard checksums against the manifest."""
+    import pyarrow.parquet as pq
+
+    root = Path(root)
+    path = root / MANIFEST
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: not an index directory, or the job has not finished")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path}: unknown index format {manifest.get('format')!r}")
+    shards = ShardedIndex.load(root, manifest["shards"], manifest["index_type"], verify=verify, mmap=mmap)
+    if shards.count != manifest["count"]:
+        raise ValueError(f"{path}: shards hold {shards.count} vectors, the manifest says {manifest['count']}")
+    ids = pq.read_table(root / ITEMS, columns=["id"]).column("id").to_pylist()
+    nodes = NodeStore.load(root, manifest["adapter_id"], manifest["model_id"], mmap=mmap)
+    return CanopyIndex(root, manifest, shards, ids, nodes)

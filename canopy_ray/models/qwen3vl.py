@@ -1,0 +1,300 @@
+"""Qwen3-VL-Embedding (the paper's encoder; the GPU configuration) behind the Encoder interface.
+
+Inputs follow the Qwen3-VL-Embedding model card: a system turn with an instruction
+(``DOC_INSTRUCTION`` for items and nodes, ``QUERY_INSTRUCTION`` for queries), a user turn
+holding the image or the video frames and then the text, and the assistant prompt. The
+embedding is the final hidden state of the last token (last-token pooling), L2-normalised.
+
+- Images go through the checkpoint's own image processor (any backend; the PIL one needs no
+  torchvision).
+- Video nodes are embedded from their frames: decoded with ``decord`` at the node's frame
+  times (one per 10 s, at most 32), patchified in the Qwen3-VL video layout (pairs of frames
+  form one temporal patch), each pair preceded by its ``<t seconds>`` timestamp, as the
+  Qwen3-VL processor writes them. This path needs no torchvision either.
+- f_theta is the same model with a PEFT LoRA adapter; queries and items (f0) run with the
+  adapter disabled. Without an adapter f_theta equals f0.
+
+Nothing is downloaded: ``model_dir`` must be a local copy of ``Qwen/Qwen3-VL-Embedding-2B``.
+``build_tiny_qwen3vl`` writes a randomly initialised miniature with the same file layout,
+used by the tests and for smoke runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import OrderedDict
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from canopy_ray.core.evidence import Piece
+
+DOC_INSTRUCTION = "Represent the user's input."
+QUERY_INSTRUCTION = "Retrieve text, tables, images or video segments that help answer the question."
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                  "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen-VL's resize rule: both sides multiples of ``factor``, area within the bounds."""
+    h = max(factor, round(height / factor) * factor)
+    w = max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def read_frames(path: str, times: Sequence[float]) -> np.ndarray:
+    """RGB frames (T, H, W, 3) uint8 at the given times (seconds), decoded with decord."""
+    import decord
+
+    vr = decord.VideoReader(str(path), ctx=decord.cpu(0))
+    fps = float(vr.get_avg_fps()) or 25.0
+    last = len(vr) - 1
+    idx = [min(last, max(0, int(round(t * fps)))) for t in times]
+    return vr.get_batch(idx).asnumpy()
+
+
+def load_image(path: str) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+class Qwen3VLEncoder:
+    """Qwen3-VL-Embedding as f0 (queries, items) and f_theta (nodes, with LoRA)."""
+
+    def __init__(self, model_dir: str | Path | None, adapter: str | Path | None = None, *,
+                 max_length: int = 8192, batch_size: int = 8, device: str = "cuda",
+                 dtype: torch.dtype | None = None, max_image_pixels: int = 1280 * 32 * 32,
+                 max_frame_pixels: int = 256 * 32 * 32,
+                 query_instruction: str = QUERY_INSTRUCTION, doc_instruction: str = DOC_INSTRUCTION):
+        from transformers import AutoTokenizer, Qwen3VLModel
+
+        if not model_dir:
+            raise ValueError("the qwen3-vl encoder needs models.encoder_path: a local directory "
+                             "holding Qwen/Qwen3-VL-Embedding-2B (nothing is downloaded)")
+        model_dir = Path(model_dir)
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            device = "cpu"
+        dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        self.image_processor = _load_image_processor(model_dir)
+        model = Qwen3VLModel.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+        self.base = model
+        self.model_id = model_dir.name
+        self.adapter_id = "frozen"
+        self.has_adapter = bool(adapter)
+        if adapter:
+            from peft import PeftModel
+
+            from canopy_ray.models.encoder import adapter_fingerprint
+
+            model = PeftModel.from_pretrained(model, str(adapter), is_trainable=False)
+            self.adapter_id = adapter_fingerprint(adapter)
+        self.model = model.to(device).eval()
+        cfg = self.base.config
+        self.dim = int(cfg.text_config.hidden_size)
+        self.image_token_id, self.video_token_id = cfg.image_token_id, cfg.video_token_id
+        self.vision_start_id, self.vision_end_id = cfg.vision_start_token_id, cfg.vision_end_token_id
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        ip = self.image_processor
+        self.patch_size = int(getattr(ip, "patch_size", cfg.vision_config.patch_size))
+        self.merge_size = int(getattr(ip, "merge_size", cfg.vision_config.spatial_merge_size))
+        self.temporal_patch_size = int(getattr(ip, "temporal_patch_size", cfg.vision_config.temporal_patch_size))
+        self.mean = np.asarray(getattr(ip, "image_mean", None) or [0.5] * 3, np.float32)
+        self.std = np.asarray(getattr(ip, "image_std", None) or [0.5] * 3, np.float32)
+        self.max_length, self.batch_size, self.device = max_length, batch_size, device
+        self.max_image_pixels, self.max_frame_pixels = max_image_pixels, max_frame_pixels
+        self.query_instruction, self.doc_instruction = query_instruction, doc_instruction
+
+    # ---- input building -------------------------------------------------------------------
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _image_input(self, image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        from PIL import Image
+
+        h, w = image.shape[:2]
+        factor = self.patch_size * self.merge_size
+        if h * w > self.max_image_pixels:  # bound the cost before the processor's own resize
+            rh, rw = smart_resize(h, w, factor, factor * factor, self.max_image_pixels)
+            image = np.asarray(Image.fromarray(image).resize((rw, rh), Image.BICUBIC))
+        out = self.image_processor(images=[image], return_tensors="np")
+        return np.asarray(out["pixel_values"], np.float32), np.asarray(out["image_grid_thw"])[0]
+
+    def frames_input(self, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Frames (T, H, W, 3) uint8 -> (patches, grid_thw) in the Qwen3-VL video layout."""
+        from PIL import Image
+
+        ps, m, tps = self.patch_size, self.merge_size, self.temporal_patch_size
+        t, h0, w0 = frames.shape[:3]
+        h, w = smart_resize(h0, w0, ps * m, (ps * m) ** 2, self.max_frame_pixels)
+        x = np.stack([np.asarray(Image.fromarray(f).resize((w, h), Image.BICUBIC)) for f in frames])
+        x = (x.astype(np.float32) / 255.0 - self.mean) / self.std
+        x = x.transpose(0, 3, 1, 2)  # T, C, H, W
+        if t % tps:
+            x = np.concatenate([x, np.repeat(x[-1:], tps - t % tps, axis=0)])
+        gt, gh, gw = x.shape[0] // tps, h // ps, w // ps
+        x = x.reshape(gt, tps, 3, gh // m, m, ps, gw // m, m, ps).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+        return np.ascontiguousarray(x.reshape(gt * gh * gw, 3 * tps * ps * ps)), np.array([gt, gh, gw])
+
+    def _sample(self, instruction: str, text: str, images: list[np.ndarray],
+                videos: list[tuple[np.ndarray, list[float]]]) -> dict:
+        """Token ids of one conversation plus its pixel inputs."""
+        ids = self._ids(f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n")
+        img_px, img_grid, vid_px, vid_grid = [], [], [], []
+        m2 = self.merge_size ** 2
+        for image in images:
+            px, grid = self._image_input(image)
+            img_px.append(px)
+            img_grid.append(grid)
+            ids += [self.vision_start_id] + [self.image_token_id] * int(grid.prod() // m2) + [self.vision_end_id]
+        for frames, times in videos:
+            px, grid = self.frames_input(frames)
+            vid_px.append(px)
+            vid_grid.append(grid)
+            per_frame = int(grid[1] * grid[2] // m2)
+            tps = self.temporal_patch_size
+            padded = list(times) + [times[-1]] * (-len(times) % tps)
+            for g in range(int(grid[0])):
+                stamp = sum(padded[g * tps:(g + 1) * tps]) / tps
+                ids += self._ids(f"<{stamp:.1f} seconds>")
+                ids += [self.vision_start_id] + [self.video_token_id] * per_frame + [self.vision_end_id]
+        ids += self._ids(text or "NULL")[: self.max_length]
+        ids += self._ids("<|im_end|>\n<|im_start|>assistant\n")
+        return {"ids": ids, "img_px": img_px, "img_grid": img_grid, "vid_px": vid_px, "vid_grid": vid_grid}
+
+    def _piece_sample(self, piece: Piece, instruction: str) -> dict:
+        images, videos = [], OrderedDict()
+        for path, t in piece.media:
+            if t is None:
+                images.append(load_image(path))
+            else:
+                videos.setdefault(path, []).append(float(t))
+        vids = [(read_frames(p, ts), ts) for p, ts in videos.items()]
+        return self._sample(instruction, piece.text, images, vids)
+
+    # ---- forward --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _forward(self, samples: list[dict]) -> np.ndarray:
+        n = max(len(s["ids"]) for s in samples)
+        ids = torch.full((len(samples), n), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(samples), n), dtype=torch.long)
+        for i, s in enumerate(samples):  # right padding; the last real token is pooled
+            ids[i, : len(s["ids"])] = torch.tensor(s["ids"])
+            mask[i, : len(s["ids"])] = 1
+        mm_types = torch.zeros_like(ids, dtype=torch.int32)
+        mm_types[ids == self.image_token_id] = 1
+        mm_types[ids == self.video_token_id] = 2
+        kwargs = {}
+        dtype = self.base.dtype
+        img = [p for s in samples for p in s["img_px"]]
+        if img:
+            kwargs["pixel_values"] = torch.from_numpy(np.concatenate(img)).to(self.device, dtype)
+            kwargs["image_grid_thw"] = torch.tensor(np.stack([g for s in samples for g in s["img_grid"]]),
+                                                    device=self.device)
+        vid = [p for s in samples for p in s["vid_px"]]
+        if vid:
+            kwargs["pixel_values_videos"] = torch.from_numpy(np.concatenate(vid)).to(self.device, dtype)
+            kwargs["video_grid_thw"] = torch.tensor(np.stack([g for s in samples for g in s["vid_grid"]]),
+                                                    device=self.device)
+        self.base.rope_deltas = None  # no generation cache: positions are recomputed per batch
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                         mm_token_type_ids=mm_types.to(self.device), use_cache=False, **kwargs)
+        hidden = out.last_hidden_state
+        last = mask.sum(1).to(hidden.device) - 1
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last].float()
+        return torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy()
+
+    def _encode(self, samples_fn, inputs: Sequence, use_adapter: bool) -> np.ndarray:
+        if not inputs:
+            return np.zeros((0, self.dim), np.float32)
+        ctx = (self.model.disable_adapter() if self.has_adapter and not use_adapter
+               else contextlib.nullcontext())
+        chunks = []
+        with ctx:
+            for i in range(0, len(inputs), self.batch_size):
+                chunks.append(self._forward([samples_fn(x) for x in inputs[i:i + self.batch_size]]))
+        return np.concatenate(chunks).astype(np.float32)
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._encode(lambda t: self._sample(self.query_instruction, t, [], []), list(texts), False)
+
+    def encode_items(self, items: Sequence[Piece]) -> np.ndarray:
+        return self._encode(lambda p: self._piece_sample(p, self.doc_instruction), list(items), False)
+
+    def encode_nodes(self, nodes: Sequence[Piece]) -> np.ndarray:
+        return self._encode(lambda p: self._piece_sample(p, self.doc_instruction), list(nodes), True)
+
+    def encode_frames(self, frames: np.ndarray, times: Sequence[float], text: str = "",
+                      use_adapter: bool = True) -> np.ndarray:
+        """One embedding of already decoded frames (T, H, W, 3) with their times."""
+        return self._encode(lambda _: self._sample(self.doc_instruction, text, [], [(frames, list(times))]),
+                            [0], use_adapter)[0]
+
+
+def _load_image_processor(model_dir: Path):
+    try:
+        from transformers import AutoImageProcessor
+
+        return AutoImageProcessor.from_pretrained(model_dir, local_files_only=True)
+    except Exception:  # no torchvision for the fast backend: the PIL one reads the same config
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        return Qwen2VLImageProcessorPil.from_pretrained(model_dir, local_files_only=True)
+
+
+def build_tiny_qwen3vl(out_dir: str | Path, seed: int = 0, hidden: int = 64) -> Path:
+    """Write a randomly initialised miniature Qwen3-VL (byte-level tokenizer, 2+2 layers).
+
+    The directory has the layout of the real checkpoint (config, weights, tokenizer, image
+    processor), so ``Qwen3VLEncoder(out_dir)`` exercises the real loading path offline.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLModel
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>")
+    fast.save_pretrained(out)
+    tid = fast.convert_tokens_to_ids
+    Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
+                             image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                             size={"shortest_edge": 32 * 32, "longest_edge": 128 * 128}).save_pretrained(out)
+    head_dim = 16
+    cfg = Qwen3VLConfig(
+        text_config=dict(vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=2, num_attention_heads=hidden // head_dim,
+                         num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=4096,
+                         pad_token_id=tid("<|endoftext|>"),
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=hidden,
+                           num_position_embeddings=256, deepstack_visual_indexes=[1]),
+        image_token_id=tid("<|image_pad|>"), video_token_id=tid("<|video_pad|>"),
+        vision_start_token_id=tid("<|vision_start|>"), vision_end_token_id=tid("<|vision_end|>"))
+    torch.manual_seed(seed)
+    Qwen3VLModel(cfg).eval().save_pretrained(out)
+    return out

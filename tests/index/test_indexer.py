@@ -1,0 +1,109 @@
+"""The Ray Data indexing job end to end: real local Ray, real FAISS, the packaged MiniLM.
+
+One uninterrupted run is shared by the module; a second run is stopped after two finished
+input shards (as a kill would) and resumed; both must give the same index.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from canopy_ray.config import load_config
+from canopy_ray.core.evidence import piece
+from canopy_ray.index import load_index
+from canopy_ray.indexer import IndexJobError, SimulatedCrash, run_index
+
+pytestmark = pytest.mark.integration
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "index"
+CORPUS = FIXTURES / "corpus.jsonl"
+VALID = ["t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "tab0", "tab1", "img0", "vid0"]
+
+
+def config(**index):
+    return load_config(None, retrieval={"shards": 3, "index_type": "sq_fp16"},
+                       index={"actors": 1, "shard_items": 4, "batch_items": 4, **index})
+
+
+@pytest.fixture(scope="module")
+def full_run(ray_local, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    return out, run_index(config(), CORPUS, out, progress=False)
+
+
+def test_bad_items_are_skipped_counted_and_listed(full_run):
+    out, summary = full_run
+    assert summary["items"] == 13 and summary["input_lines"] == 19
+    assert summary["skipped_by_reason"] == {"bad_json": 1, "duplicate_id": 1, "empty_text": 1,
+                                            "missing_id": 1, "ragged_table": 1, "unreadable_video": 1}
+    assert summary["skipped"] == 6 and summary["duplicates"] == 1
+    listed = [json.loads(x) for x in (out / "skipped.jsonl").read_text().splitlines()]
+    assert [(s["line"], s["reason"]) for s in listed] == [
+        (14, "bad_json"), (15, "empty_text"), (16, "ragged_table"), (17, "unreadable_video"),
+        (18, "duplicate_id"), (20, "missing_id")]  # line 19 is blank
+    assert json.loads((out / "report.json").read_text())["by_reason"] == summary["skipped_by_reason"]
+
+
+def test_index_holds_every_valid_item_once_and_searches(full_run):
+    out, summary = full_run
+    index = load_index(out)
+    assert index.ids == VALID
+    m = index.manifest
+    assert m["model_id"] == "all-MiniLM-L6-v2" and m["dim"] == 384 and m["count"] == 13
+    assert m["adapter_id"] == "frozen" and m["index_type"] == "sq_fp16" and len(m["checksum"]) == 64
+    assert sorted(p.name for p in out.glob("*.faiss")) == ["shard-000.faiss", "shard-001.faiss", "shard-002.faiss"]
+    assert summary["nodes"] == index.nodes.n_nodes == m["nodes"]
+    from canopy_ray.models.encoder import TextEncoder
+
+    enc = TextEncoder()
+    hits = index.search(enc.encode_queries(["Which planet has 95 moons?", "When did the Berlin Wall fall?"]), 3)
+    assert hits[0][0][0] == "tab0" and hits[1][0][0] == "t1"
+    assert index.item("t1").title == "Berlin"  # the first t1, not the duplicate
+    # Cached node vectors are f_theta of each node: equal to encoding on the fly (fp16 storage).
+    from canopy_ray.core.hierarchy import build_tree
+
+    for item_id in ("t6", "tab0", "vid0"):
+        tree = build_tree(index.item(item_id))
+        cached = index.nodes.vectors(tree, encoder=enc)
+        index.nodes.stats["hits"] = 0
+        fresh = enc.encode_nodes([piece(tree, [n.span])
+                                  for n in tree.nodes()])
+        np.testing.assert_allclose(cached, fresh, atol=2e-3)
+    assert Path(index.item("vid0").path).is_absolute()
+
+
+def test_rerun_of_a_finished_index_recomputes_nothing(full_run):
+    out, _ = full_run
+    summary = run_index(config(), CORPUS, out, progress=False)
+    assert summary["shards_computed"] == 0 and summary["shards_resumed"] == 5 and summary["items"] == 13
+
+
+def test_resume_after_a_kill_equals_an_uninterrupted_run(full_run, tmp_path):
+    ref_dir, _ = full_run
+    out = tmp_path / "resumed"
+    with pytest.raises(SimulatedCrash):
+        run_index(config(), CORPUS, out, progress=False, crash_after_parts=2)
+    parts = sorted((out / "work" / "parts").glob("part-*.parquet"))
+    assert len(parts) == 2 and not (out / "manifest.json").exists()
+    mtimes = {p.name: os.stat(p).st_mtime_ns for p in parts}
+    summary = run_index(config(), CORPUS, out, progress=False)
+    assert summary["shards_resumed"] == 2 and summary["shards_computed"] == 3
+    assert {p.name: os.stat(p).st_mtime_ns for p in parts} == mtimes  # finished shards untouched
+    got, ref = load_index(out), load_index(ref_dir)
+    assert got.ids == ref.ids == VALID
+    q = np.eye(384, dtype=np.float32)[:20]
+    assert [[i for i, _ in h] for h in got.search(q, 5)] == [[i for i, _ in h] for h in ref.search(q, 5)]
+    np.testing.assert_array_equal(np.load(out / "node_spans.npy"), np.load(ref_dir / "node_spans.npy"))
+    np.testing.assert_allclose(np.load(out / "nodes.f16.npy").astype(np.float32),
+                               np.load(ref_dir / "nodes.f16.npy").astype(np.float32), atol=2e-3)
+    assert json.loads((out / "report.json").read_text()) == json.loads((ref_dir / "report.json").read_text())
+
+
+def test_changed_settings_are_refused_without_overwrite(full_run):
+    out, _ = full_run
+    changed = load_config(None, hierarchy={"branching": 3}, index={"shard_items": 4})
+    with pytest.raises(IndexJobError, match="other settings"):
+        run_index(changed, CORPUS, out, progress=False)

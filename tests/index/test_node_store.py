@@ -1,0 +1,85 @@
+"""The fp16 node store: memory-mapped lookup and on-the-fly fallback."""
+
+import numpy as np
+import pytest
+
+from canopy_ray.core.evidence import piece
+from canopy_ray.core.hierarchy import build_tree
+from canopy_ray.core.items import TextItem
+from canopy_ray.index.node_store import NodeStore, NodeStoreWriter
+
+
+class CountingEncoder:
+    """Deterministic stand-in: a node's vector is a hash of its text."""
+
+    dim = 8
+
+    def __init__(self, adapter_id="frozen", model_id="fake"):
+        self.adapter_id, self.model_id, self.calls = adapter_id, model_id, 0
+
+    def encode_nodes(self, pieces):
+        self.calls += len(pieces)
+        out = []
+        for p in pieces:
+            v = np.random.default_rng(abs(hash(p.text)) % 2**32).standard_normal(self.dim)
+            out.append(v / np.linalg.norm(v))
+        return np.array(out, np.float32)
+
+
+def tree(item_id, n):
+    return build_tree(TextItem(item_id, "T", tuple(f"Sentence {i} of {item_id}." for i in range(n))))
+
+
+@pytest.fixture()
+def store_dir(tmp_path):
+    enc = CountingEncoder()
+    trees = [tree("a", 5), tree("b", 1), tree("c", 3)]
+    total = sum(len(t.nodes()) for t in trees)
+    w = NodeStoreWriter(tmp_path, total, enc.dim)
+    for t in trees:
+        spans = np.array([n.span for n in t.nodes()], np.int32)
+        w.add(t.item.id, spans, enc.encode_nodes([piece(t, [tuple(s)]) for s in spans]))
+    entry = w.close()
+    assert entry["nodes"] == total == 9 + 1 + 5
+    return tmp_path
+
+
+def test_lookup_is_memory_mapped_and_fp16(store_dir):
+    store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
+    assert isinstance(store._vectors, np.memmap) and store._vectors.dtype == np.float16
+    assert len(store) == 3 and "b" in store and "z" not in store
+    cached = store.lookup("a")
+    assert set(cached) == {n.span for n in tree("a", 5).nodes()}
+
+
+def test_cached_vectors_match_fresh_encoding_and_count_hits(store_dir):
+    store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
+    enc = CountingEncoder()
+    t = tree("a", 5)
+    got = store.vectors(t, encoder=enc)
+    assert enc.calls == 0 and store.stats == {"hits": 9, "misses": 0}
+    fresh = CountingEncoder().encode_nodes([piece(t, [n.span]) for n in t.nodes()])
+    np.testing.assert_allclose(got, fresh, atol=2e-3)  # fp16 storage
+
+
+def test_unknown_item_falls_back_to_the_encoder(store_dir):
+    store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
+    enc = CountingEncoder()
+    got = store.vectors(tree("new", 4), encoder=enc)
+    assert got.shape == (7, 8) and enc.calls == 7 and store.stats["misses"] == 7
+    with pytest.raises(KeyError, match="not cached"):
+        store.vectors(tree("new", 4))
+
+
+def test_changed_adapter_falls_back_for_every_node(store_dir):
+    store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
+    enc = CountingEncoder(adapter_id="lora-0123")
+    store.vectors(tree("a", 5), encoder=enc)
+    assert enc.calls == 9 and store.stats["hits"] == 0
+
+
+def test_subset_of_spans_and_empty_store(store_dir):
+    store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
+    assert store.vectors(tree("a", 5), spans=[(0, 5), (3, 4)]).shape == (2, 8)
+    enc = CountingEncoder()
+    assert NodeStore.empty().vectors(tree("a", 5), encoder=enc).shape == (9, 8) and enc.calls == 9

@@ -1,0 +1,71 @@
+"""The packaged MiniLM as f0 and f_theta (PEFT LoRA), and the encoder factory."""
+
+import numpy as np
+import pytest
+
+from canopy_ray.config import load_config
+from canopy_ray.core.evidence import Piece
+from canopy_ray.models.encoder import TextEncoder, build_encoder
+
+TEXTS = ["Paris is the capital of France.", "The Berlin Wall fell in 1989.", "Jupiter has 95 moons."]
+
+
+def pieces(texts):
+    return [Piece(f"i{k}", "text", ((0, 1),), t) for k, t in enumerate(texts)]
+
+
+@pytest.fixture(scope="module")
+def f0():
+    return TextEncoder()
+
+
+def lora_dir(tmp_path, perturb: bool):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel
+
+    from canopy_ray.models.encoder import packaged_minilm_dir
+
+    model = get_peft_model(AutoModel.from_pretrained(packaged_minilm_dir(), local_files_only=True),
+                           LoraConfig(r=8, lora_alpha=16, target_modules=["query", "value"]))
+    if perturb:  # a trained adapter: B no longer zero
+        import torch
+
+        torch.manual_seed(0)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.data.normal_(0, 0.05)
+    out = tmp_path / ("trained" if perturb else "zero")
+    model.save_pretrained(out)
+    return out
+
+
+def test_f0_unit_vectors_384(f0):
+    q = f0.encode_queries(TEXTS)
+    assert q.shape == (3, 384) and q.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1, atol=1e-5)
+    assert f0.model_id == "all-MiniLM-L6-v2" and f0.adapter_id == "frozen"
+    np.testing.assert_allclose(f0.encode_items(pieces(TEXTS)), q, atol=1e-6)
+    np.testing.assert_allclose(f0.encode_nodes(pieces(TEXTS)), q, atol=1e-6)  # no adapter: f_theta = f0
+    assert f0.encode_queries([]).shape == (0, 384)
+
+
+def test_zero_initialised_lora_f_theta_equals_f0(f0, tmp_path):
+    enc = TextEncoder(adapter=lora_dir(tmp_path, perturb=False))
+    assert enc.adapter_id.startswith("lora-")
+    np.testing.assert_allclose(enc.encode_nodes(pieces(TEXTS)), f0.encode_queries(TEXTS), atol=1e-5)
+
+
+def test_trained_lora_changes_nodes_only(f0, tmp_path):
+    enc = TextEncoder(adapter=lora_dir(tmp_path, perturb=True))
+    ref = f0.encode_queries(TEXTS)
+    np.testing.assert_allclose(enc.encode_queries(TEXTS), ref, atol=1e-5)  # f0 stays frozen
+    np.testing.assert_allclose(enc.encode_items(pieces(TEXTS)), ref, atol=1e-5)
+    assert np.abs(enc.encode_nodes(pieces(TEXTS)) - ref).max() > 1e-3
+
+
+def test_build_encoder_from_config():
+    cfg = load_config(None, models={"batch_size": 2, "max_length": 32})
+    enc = build_encoder(cfg.models)
+    assert isinstance(enc, TextEncoder) and enc.dim == 384 and enc.batch_size == 2
+    with pytest.raises(ValueError, match="encoder_path"):
+        build_encoder(load_config(None, models={"encoder": "qwen3-vl"}).models)
