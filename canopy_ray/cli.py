@@ -126,17 +126,23 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(func=cmd_serve)
 
     data = sub.add_parser("data", help="data set tools").add_subparsers(dest="data_command", required=True)
-    # listed for --help; main() hands its arguments to the converter's own parser
+    # listed for --help; main() hands their arguments to their own parsers
     data.add_parser("convert", help="convert HotpotQA / NQ / TAT-QA into corpus.jsonl + questions.jsonl")
+    sub.add_parser("index", help="index a corpus with the Ray Data job (FAISS shards + node store)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # These verbs own their argument parsers (shared with jobs/*.py); hand them the rest.
     if argv[:2] == ["data", "convert"]:
         from canopy_ray.data.convert import main as convert_main
 
         return convert_main(argv[2:])
+    if argv[:1] == ["index"]:
+        from canopy_ray.indexer import main as index_main
+
+        return index_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -23,8 +23,10 @@ Steps (everything under ``OUT/work`` is resumable state):
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import sys
 import os
 import shutil
 import time
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from canopy_ray.config import CanopyConfig
+from canopy_ray.config import CanopyConfig, ConfigError, load_config
 from canopy_ray.index.ingest import (NodeEmbedder, corpus_files, fingerprint, read_and_validate,
                                      split_corpus)
 
@@ -321,3 +323,33 @@ def format_summary(s: dict) -> str:
             f"skipped {s['skipped']} of {s['input_lines']} lines ({reasons}); see report.json, skipped.jsonl\n"
             f"input shards: {s['shards_computed']} computed, {s['shards_resumed']} resumed; "
             f"{s['items_per_s']} items/s, {s['nodes_per_s']} nodes/s over {s['embed_seconds']} s of embedding")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="canopy index", description="Index a corpus: FAISS shards + cached node embeddings (Ray Data job).")
+    p.add_argument("--config", default=None, help="YAML config (default: built-in defaults)")
+    p.add_argument("--corpus", required=True, help="corpus JSONL / JSONL.gz / parquet, or a directory of them")
+    p.add_argument("--out", required=True, help="output directory (index, report, resumable state)")
+    p.add_argument("--media-root", default=None, help="base of relative media paths (default: the corpus's dir)")
+    p.add_argument("--overwrite", action="store_true", help="discard state from another corpus or settings")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray instance, if one is started")
+    p.add_argument("--actors", type=int, default=None, help="override index.actors")
+    p.add_argument("--shard-items", type=int, default=None, help="override index.shard_items")
+    p.add_argument("--no-progress", action="store_true", help="no Ray Data progress bars")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    overrides = {k: v for k, v in {"actors": args.actors, "shard_items": args.shard_items}.items() if v}
+    try:
+        cfg = load_config(args.config, **({"index": overrides} if overrides else {}))
+        summary = run_index(cfg, args.corpus, args.out, media_root=args.media_root, overwrite=args.overwrite,
+                            progress=not args.no_progress, num_cpus=args.num_cpus)
+    except (ConfigError, IndexJobError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    print(json.dumps(summary))
+    return 0
