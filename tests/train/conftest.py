@@ -1,0 +1,66 @@
+"""A tiny randomly initialised BERT (2 layers, 32 dims) with the packaged MiniLM's
+tokenizer, written once per session as a model directory, and a tiny canonical data set."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory):
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from canopy_ray.models.encoder import packaged_minilm_dir
+
+    src = packaged_minilm_dir()
+    out = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(out)
+    for f in TOKENIZER_FILES:
+        if (src / f).is_file():
+            shutil.copy2(src / f, out / f)
+    return out
+
+
+TINY_ITEMS = [
+    {"id": "t:a", "modality": "text", "title": "Alpha",
+     "sentences": ["Alpha is a river in France.", "It flows north.", "Its length is 120 km.",
+                   "Fishing is popular there."]},
+    {"id": "t:b", "modality": "text", "title": "Beta",
+     "sentences": ["Beta was a painter.", "She was born in Lyon.", "She painted rivers.",
+                   "Her best work hangs in Paris.", "She died in 1901.", "Her son was a baker."]},
+    {"id": "t:c", "modality": "table", "title": "Gamma prices", "header": ["year", "price"],
+     "rows": [["2019", "10"], ["2020", "12"], ["2021", "15"]]},
+]
+
+
+def tiny_questions(n: int = 24) -> list[dict]:
+    templates = [
+        ("How long is the Alpha river?", "t:a", [2]),
+        ("Where was Beta born?", "t:b", [1]),
+        ("When did Beta die and where is her best work?", "t:b", [3, 4]),
+        ("What was the price in 2020?", "t:c", [1]),
+    ]
+    out = []
+    for k in range(n):
+        q, item, leaves = templates[k % len(templates)]
+        out.append({"id": f"q{k}", "question": f"{q} ({k})", "answers": ["x"],
+                    "gold": [{"item_id": item, "leaves": leaves}], "candidates": [item]})
+    return out
+
+
+@pytest.fixture()
+def tiny_data_dir(tmp_path):
+    d = tmp_path / "tiny"
+    d.mkdir()
+    (d / "corpus.jsonl").write_text("".join(json.dumps(i) + "\n" for i in TINY_ITEMS))
+    (d / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in tiny_questions()))
+    return d
