@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -114,7 +114,7 @@ class Pipeline:
         return out
 
     async def answer(self, question: str, **overrides) -> Answer:
-        s = Settings(**(self.settings.__dict__ | {k: v for k, v in overrides.items() if v is not None}))
+        s = replace(self.settings, **{k: v for k, v in overrides.items() if v is not None})
         if s.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {s.mode!r}")
         t_start = time.perf_counter()

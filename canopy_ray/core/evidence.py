@@ -8,7 +8,7 @@ own tokenizer can be plugged in; ``count_words`` is the dependency-free default.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from canopy_ray.core.hierarchy import ItemTree, Span
@@ -80,7 +80,7 @@ class Piece:
     spans: tuple[Span, ...]
     text: str
     round: int = 1
-    media: tuple[tuple[str, float | None], ...] = field(default=())  # (path, time) for images/frames
+    media: tuple[tuple[str, float | None], ...] = ()  # (path, time) for images/frames
 
 
 def piece(tree: ItemTree, spans: Sequence[Span], round: int = 1) -> Piece:
