@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from importlib import resources
 from pathlib import Path
 
 from canopy_ray.config import ConfigError, load_config
+
+
+# verb -> (module with main(argv), help)
+PASS_THROUGH = {
+    "index": ("canopy_ray.indexer", "index a corpus with the Ray Data job (FAISS shards + node store)"),
+    "eval": ("canopy_ray.evaluator", "run methods over a question set; one JSON with intervals per run"),
+    "sweep": ("canopy_ray.eval.sweep", "the resumable k x B sweep on an autoscaling Ray actor pool"),
+    "report": ("canopy_ray.eval.report", "turn a results folder into a markdown table and PNG plots"),
+}
 
 
 def _examples() -> list[dict]:
@@ -128,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="data set tools").add_subparsers(dest="data_command", required=True)
     # listed for --help; main() hands their arguments to their own parsers
     data.add_parser("convert", help="convert HotpotQA / NQ / TAT-QA into corpus.jsonl + questions.jsonl")
-    sub.add_parser("index", help="index a corpus with the Ray Data job (FAISS shards + node store)")
+    for name, (_, help_text) in PASS_THROUGH.items():
+        sub.add_parser(name, help=help_text)
     return p
 
 
@@ -136,13 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # These verbs own their argument parsers (shared with jobs/*.py); hand them the rest.
     if argv[:2] == ["data", "convert"]:
-        from canopy_ray.data.convert import main as convert_main
-
-        return convert_main(argv[2:])
-    if argv[:1] == ["index"]:
-        from canopy_ray.indexer import main as index_main
-
-        return index_main(argv[1:])
+        return importlib.import_module("canopy_ray.data.convert").main(argv[2:])
+    if argv[:1] and argv[0] in PASS_THROUGH:
+        return importlib.import_module(PASS_THROUGH[argv[0]][0]).main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,63 @@
+"""The compared methods, each a set of pipeline settings over the same CANOPY code.
+
+| method | rounds | compression | node encoder |
+|---|---|---|---|
+| ``canopy`` | R (config) | refinement (Algorithm 1) | f_theta (config's adapter) |
+| ``vanilla`` | 1 | none (items whole) | - |
+| ``no_projection`` | R | none (items whole) | - |
+| ``no_iteration`` | 1 | refinement | f_theta |
+| ``flat`` | R | top-m leaves per item by f_theta | f_theta |
+| ``frozen`` | R | refinement | f0 (adapter off) |
+
+Without an adapter in the config, f_theta is f0 and ``frozen`` equals ``canopy``; runs record
+the node encoder's ``adapter_id`` so a report can say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from canopy_ray.pipeline import Settings
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    description: str
+    overrides: dict = field(default_factory=dict)  # Settings fields fixed by the method
+    frozen: bool = False  # node encoder f0 instead of f_theta
+
+    @property
+    def uses_branching(self) -> bool:
+        """Whether B can change the outcome (items passed whole ignore the hierarchy)."""
+        return self.overrides.get("mode", "canopy") != "none"
+
+    def settings(self, base: Settings, **point) -> Settings:
+        """``base`` with the point's values (k, branching, flat_m...) and then the method's."""
+        values = base.__dict__ | {k: v for k, v in point.items() if v is not None} | self.overrides
+        return Settings(**values)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in [
+    Method("canopy", "iterative retrieval with refinement (the full method)"),
+    Method("vanilla", "one round, items passed whole", {"rounds": 1, "mode": "none"}),
+    Method("no_projection", "CANOPY's rounds, items passed whole", {"mode": "none"}),
+    Method("no_iteration", "one round with refinement", {"rounds": 1}),
+    Method("flat", "CANOPY's rounds, the m best leaves per item", {"mode": "flat"}),
+    Method("frozen", "CANOPY with f0 as node encoder (adapter off)", {}, frozen=True),
+]}
+
+
+def get_method(name: str) -> Method:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; expected one of {', '.join(METHODS)}") from None
+
+
+def parse_methods(spec: str | list[str]) -> list[Method]:
+    """``"all"``, ``"canopy,vanilla"`` or a list of names -> methods, in the given order."""
+    names = spec.split(",") if isinstance(spec, str) else list(spec)
+    if names == ["all"]:
+        names = list(METHODS)
+    return [get_method(n.strip()) for n in names if n.strip()]

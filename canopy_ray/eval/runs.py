@@ -1,0 +1,389 @@
+"""One method over one question set: per-question records and aggregates with intervals.
+
+A *run* is (data set, method, pipeline settings) over a fixed sample of questions, in the
+**given** setting (each question's candidate items are its whole corpus: a
+:class:`~canopy_ray.pipeline.MemoryRetriever` over them) or the **open** setting (retrieval
+from an index opened with :func:`canopy_ray.index.load_index`; its cached node vectors are
+used when they match the node encoder).
+
+Per question (:func:`question_record`):
+
+- ``em``, ``f1``: the reader's answer against the gold answers (SQuAD normalisation);
+- ``answer_recall``: a gold answer occurs in the evidence the reader received (reader-free);
+- ``gold_recall``: share of located gold leaves (``question.gold``) inside the kept spans of the
+  retrieved gold items (a gold item never retrieved counts as missed; whole-item gold entries
+  are left out); ``gold_item_recall``: share of gold items retrieved at all;
+- ``tokens`` (reader evidence), ``tokens_before``/``tokens_after`` (of every retrieved item,
+  before/after compression), ``llm_calls``, ``llm_failures``, ``rounds``;
+- ``followup_seen_share``: of the plain top-k of rounds >= 2, the share already in the evidence
+  (undefined for one-round answers);
+- ``latency_<stage>`` (encode, search, fetch, compress, llm_critic, llm_reader, llm_table,
+  total) in seconds. LLM calls answered from the cache are charged the latency they had
+  when first made, so cached reruns report the same cost as the first run.
+
+:func:`aggregate` gives each metric's mean over the questions where it is defined with a
+percentile bootstrap 95% interval (questions resampled); :func:`paired_differences` the mean
+per-question difference between two runs on the same questions, with its interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from canopy_ray.compressor import Compressor
+from canopy_ray.core.evidence import TokenCounter, count_words
+from canopy_ray.core.items import Item, Question, iter_jsonl, parse_question
+from canopy_ray.core.metrics import answer_recall, bootstrap_ci, covered, exact_match, f1_score, paired_difference_ci
+from canopy_ray.eval.cache import CachingEncoder
+from canopy_ray.eval.methods import Method
+from canopy_ray.models.llm.protocol import ChatResult
+from canopy_ray.pipeline import Answer, LocalBackends, MemoryRetriever, Pipeline, Settings
+
+SETTINGS = ("given", "open")
+STAGES = ("encode", "search", "fetch", "compress", "llm_critic", "llm_reader", "llm_table", "total")
+# Metrics aggregated per run, in report order; ``higher`` says which direction is better.
+METRICS = ("em", "f1", "answer_recall", "gold_recall", "gold_item_recall", "tokens", "tokens_before",
+           "tokens_after", "llm_calls", "llm_failures", "rounds", "followup_seen_share",
+           *(f"latency_{s}" for s in STAGES))
+HIGHER_IS_BETTER = {"em", "f1", "answer_recall", "gold_recall", "gold_item_recall"}
+
+
+# ---------------------------------------------------------------- question sets
+
+
+@dataclass
+class EvalSet:
+    """A named, fixed sample of questions and (given setting) the items they refer to."""
+
+    name: str
+    questions: list[Question]
+    items: dict[str, Item] = field(default_factory=dict)
+    skipped: Counter = field(default_factory=Counter)
+
+    @property
+    def ids_digest(self) -> str:
+        return hashlib.sha1("\n".join(q.id for q in self.questions).encode()).hexdigest()[:12]
+
+
+def sample_questions(questions: Sequence[Question], n: int | None = None, seed: int = 0) -> list[Question]:
+    """A fixed sample: questions ordered by a hash of ``seed:id`` (independent of file order
+    and of the other questions), the first ``n`` taken; ``n=None`` keeps all, in that order."""
+    order = sorted(questions, key=lambda q: hashlib.sha1(f"{seed}:{q.id}".encode()).hexdigest())
+    return order if n is None else order[:n]
+
+
+def _read_jsonl(path: str | Path, parse) -> tuple[list, Counter]:
+    good, bad = [], Counter()
+    with open(path, encoding="utf-8") as f:
+        for _, obj in iter_jsonl(f, parse):
+            if isinstance(obj, Exception):
+                bad[getattr(obj, "reason", "error")] += 1
+            else:
+                good.append(obj)
+    return good, bad
+
+
+def load_eval_set(name: str, questions_path: str | Path, corpus_path: str | Path | None = None, *,
+                  n: int | None = None, seed: int = 0, setting: str = "given",
+                  split: str | None = None) -> EvalSet:
+    """Read a canonical questions file, draw the sample and (given setting) load the candidates.
+
+    ``split`` (train/validation/test) keeps only that split of
+    :func:`canopy_ray.train.instances.split_of`, so evaluation can avoid training questions.
+    Given setting: questions without candidates are skipped (``no_candidates``).
+    """
+    if setting not in SETTINGS:
+        raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
+    questions, skipped = _read_jsonl(questions_path, parse_question)
+    skipped = Counter({f"question_{k}": v for k, v in skipped.items()})
+    if split:
+        from canopy_ray.train.instances import split_of
+
+        questions = [q for q in questions if split_of(name, q.id) == split]
+    if setting == "given":
+        skipped["no_candidates"] += sum(not q.candidates for q in questions)
+        questions = [q for q in questions if q.candidates]
+    chosen = sample_questions(questions, n, seed)
+    items: dict[str, Item] = {}
+    if setting == "given":
+        if corpus_path is None:
+            raise ValueError("the given setting needs the corpus file holding the candidates")
+        need = {c for q in chosen for c in q.candidates}
+        from canopy_ray.core.items import parse_item
+
+        with open(corpus_path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                obj = json.loads(line)
+                if obj.get("id") in need:
+                    items[obj["id"]] = parse_item(obj)
+        missing = [q for q in chosen if any(c not in items for c in q.candidates)]
+        if missing:
+            raise ValueError(f"{len(missing)} questions name candidates missing from {corpus_path} "
+                             f"(first: {missing[0].id})")
+    return EvalSet(name, chosen, items, +skipped)
+
+
+# ---------------------------------------------------------------- per-question records
+
+
+def _nan_to_none(x: float) -> float | None:
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def gold_recalls(question: Question, ans: Answer) -> tuple[float, float]:
+    """(gold-fragment recall, gold-item recall) of one answer; NaN where undefined."""
+    kept = {r.id: covered(r.kept) for r in ans.results}
+    located = [g for g in question.gold if g.leaves]
+    total = sum(len(g.leaves) for g in located)
+    hit = sum(len(set(g.leaves) & kept[g.item_id]) for g in located if g.item_id in kept)
+    items = {g.item_id for g in question.gold}
+    frag = hit / total if total else math.nan
+    item = len(items & set(kept)) / len(items) if items else math.nan
+    return frag, item
+
+
+def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float] | None = None,
+                    cache_hits: int = 0, reader: bool = True) -> dict:
+    """The per-question record: identifiers, what happened, and every metric of :data:`METRICS`.
+
+    ``reader=False``: the reader was skipped (:class:`SkipReader`), so EM/F1 are undefined and
+    the skipped call is not counted."""
+    saved_s = saved_s or {}
+    scored = reader and bool(question.answers)
+    frag, item = gold_recalls(question, ans)
+    latency = {s: float(ans.timings.get(s, 0.0)) for s in STAGES}
+    for role, s in saved_s.items():  # cached LLM calls cost what they cost the first time
+        latency[f"llm_{role}"] = latency.get(f"llm_{role}", 0.0) + s
+        latency["total"] += s
+    rec = {
+        "id": question.id, "question": question.question, "answers": list(question.answers),
+        "prediction": ans.answer if reader else None,
+        "em": exact_match(ans.answer, question.answers) if scored else None,
+        "f1": f1_score(ans.answer, question.answers) if scored else None,
+        "answer_recall": answer_recall(ans.evidence_text, question.answers) if question.answers else None,
+        "gold_recall": _nan_to_none(frag), "gold_item_recall": _nan_to_none(item),
+        "tokens": ans.tokens.get("reader", 0), "tokens_before": ans.tokens.get("before", 0),
+        "tokens_after": ans.tokens.get("after", 0),
+        "llm_calls": sum(ans.llm_calls.values()) - (0 if reader else ans.llm_calls.get("reader", 0)),
+        "llm_failures": sum(ans.llm_failures.values()),
+        "rounds": ans.rounds,
+        "followup_seen_share": ans.followup_seen / ans.followup_total if ans.followup_total else None,
+        **{f"latency_{s}": round(v, 4) for s, v in latency.items()},
+        "llm_calls_by_role": {r: n for r, n in ans.llm_calls.items() if reader or r != "reader"},
+        "llm_failures_by_role": dict(ans.llm_failures),
+        "llm_cache_hits": cache_hits, "queries": ans.queries, "retrieved": ans.retrieved,
+        "kept": {r.id: [list(s) for s in r.kept] for r in ans.results},
+    }
+    return rec
+
+
+def metric_values(records: Iterable[Mapping], metric: str) -> list[float]:
+    out = []
+    for r in records:
+        v = r.get(metric)
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):
+            out.append(float(v))
+    return out
+
+
+def aggregate(records: Sequence[Mapping], metrics: Sequence[str] = METRICS, n_boot: int = 2000,
+              seed: int = 0) -> dict:
+    """``{metric: {mean, low, high, n}}`` over the questions where the metric is defined."""
+    out = {}
+    for m in metrics:
+        vals = metric_values(records, m)
+        out[m] = _finite(bootstrap_ci(vals, n_boot=n_boot, seed=seed).as_dict()) | {"n": len(vals)}
+    return out
+
+
+def _finite(d: dict) -> dict:
+    """NaN (no defined values) -> None, so run files stay strict JSON."""
+    return {k: _nan_to_none(v) for k, v in d.items()}
+
+
+def paired_differences(a: Sequence[Mapping], b: Sequence[Mapping], metrics: Sequence[str] = METRICS,
+                       n_boot: int = 2000, seed: int = 0) -> dict:
+    """``{metric: {mean, low, high, n}}`` of a - b over questions (by id) where both are defined."""
+    bid = {r["id"]: r for r in b if "error" not in r}
+    out = {}
+    for m in metrics:
+        pairs = [(ra.get(m), bid[ra["id"]].get(m)) for ra in a if ra["id"] in bid and "error" not in ra]
+        pairs = [(x, y) for x, y in pairs if x is not None and y is not None
+                 and not (isinstance(x, float) and math.isnan(x)) and not (isinstance(y, float) and math.isnan(y))]
+        xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+        out[m] = _finite(paired_difference_ci(xs, ys, n_boot=n_boot, seed=seed).as_dict()) | {"n": len(pairs)}
+    return out
+
+
+# ---------------------------------------------------------------- running
+
+
+class SkipReader:
+    """A chat client that answers the reader role with an empty answer without calling the
+    model (other roles go through): reader-independent sweeps (tokens, answer recall, gold
+    recall) at no reader cost. One-round methods then make no LLM call at all."""
+
+    def __init__(self, client):
+        self.client, self.model = client, getattr(client, "model", "")
+
+    @staticmethod
+    def _is_reader(response_format) -> bool:
+        try:
+            return response_format["json_schema"]["name"] == "canopy_reader"
+        except (TypeError, KeyError):
+            return False
+
+    def chat(self, messages, *, response_format=None, max_tokens=None):
+        if self._is_reader(response_format):
+            return ChatResult('{"answer": ""}', "stop", 0, 0, "skipped")
+        return self.client.chat(messages, response_format=response_format, max_tokens=max_tokens)
+
+    async def achat(self, messages, *, response_format=None, max_tokens=None):
+        if self._is_reader(response_format):
+            return ChatResult('{"answer": ""}', "stop", 0, 0, "skipped")
+        return await self.client.achat(messages, response_format=response_format, max_tokens=max_tokens)
+
+
+class FrozenNodes:
+    """An encoder whose node vectors come from f0 (the adapter off): ``encode_items`` is f0 over
+    pieces, so the ``frozen`` method needs no second copy of the model."""
+
+    adapter_id = "frozen"
+
+    def __init__(self, encoder):
+        self.inner, self.dim, self.model_id = encoder, encoder.dim, encoder.model_id
+
+    def encode_queries(self, texts):
+        return self.inner.encode_queries(texts)
+
+    def encode_items(self, items):
+        return self.inner.encode_items(items)
+
+    def encode_nodes(self, nodes):
+        return self.inner.encode_items(nodes)
+
+
+class Runner:
+    """Models loaded once (encoder, chat client, optional index); runs methods over question sets.
+
+    ``client`` is any chat client (``achat``); a :class:`~canopy_ray.eval.cache.CachedChatClient`
+    is recognised and its cache hits are recorded per question.
+    """
+
+    def __init__(self, cfg, client, *, encoder=None, index=None, count_tokens: TokenCounter = count_words):
+        if encoder is None:
+            from canopy_ray.models.encoder import build_encoder
+
+            encoder = build_encoder(cfg.models)
+        self.cfg, self.client, self.index, self.count_tokens = cfg, client, index, count_tokens
+        self.encoder = CachingEncoder(encoder)
+        self.frozen_encoder = (self.encoder if encoder.adapter_id == "frozen"
+                               else CachingEncoder(FrozenNodes(encoder)))
+        self._compressors: dict = {}
+
+    def compressor(self, frozen: bool, index=None) -> Compressor:
+        """One compressor per node encoder and index (an index's cached node vectors are used
+        only when they were made by that node encoder: ``NodeStore.usable_for``)."""
+        key = (frozen, id(index) if index is not None else None)
+        if key not in self._compressors:
+            enc = self.frozen_encoder if frozen else self.encoder
+            store = index.nodes if index is not None else None
+            self._compressors[key] = Compressor.from_config(self.cfg, enc, count_tokens=self.count_tokens,
+                                                            node_store=store)
+        return self._compressors[key]
+
+    def node_adapter_id(self, method: Method) -> str:
+        return (self.frozen_encoder if method.frozen else self.encoder).adapter_id
+
+    def base_settings(self) -> Settings:
+        return Settings.from_config(self.cfg)
+
+    def _retriever(self, eval_set: EvalSet, question: Question, index):
+        if index is not None:
+            return index
+        items = [eval_set.items[c] for c in question.candidates]
+        return MemoryRetriever(items, self.encoder, self.compressor(False))
+
+    async def arun(self, eval_set: EvalSet, method: Method, settings: Settings, setting: str = "given",
+                   progress=None, index=None, reader: bool = True) -> list[dict]:
+        if setting != "open":
+            index = None
+        else:
+            index = index if index is not None else self.index
+            if index is None:
+                raise ValueError("the open setting needs an index (Runner(index=load_index(dir)))")
+        enc = self.frozen_encoder if method.frozen else self.encoder
+        comp = self.compressor(method.frozen, index)
+        client = self.client if reader else SkipReader(self.client)
+        records = []
+        for i, q in enumerate(eval_set.questions):
+            hits0 = getattr(self.client, "hits", 0)
+            saved0 = Counter(getattr(self.client, "saved_s", {}))
+            try:
+                pipe = Pipeline(LocalBackends(enc, self._retriever(eval_set, q, index), comp, client),
+                                settings, self.count_tokens)
+                ans = await pipe.answer(q.question)
+            except Exception as e:  # one broken question must not sink a run; it is counted
+                records.append({"id": q.id, "question": q.question, "error": f"{type(e).__name__}: {e}"})
+                continue
+            saved = Counter(getattr(self.client, "saved_s", {}))
+            saved.subtract(saved0)
+            records.append(question_record(q, ans, +saved, getattr(self.client, "hits", 0) - hits0, reader))
+            if progress:
+                progress(i + 1, len(eval_set.questions))
+        return records
+
+    def run(self, eval_set: EvalSet, method: Method, settings: Settings | None = None, setting: str = "given",
+            progress=None, index=None, reader: bool = True) -> dict:
+        """A finished run: ``{spec, records, aggregate, errors, wall_s}``."""
+        settings = settings or method.settings(self.base_settings())
+        t0 = time.perf_counter()
+        records = asyncio.run(self.arun(eval_set, method, settings, setting, progress, index, reader))
+        good = [r for r in records if "error" not in r]
+        return {
+            "spec": run_spec(eval_set, method, settings, setting, self.node_adapter_id(method),
+                             getattr(self.client, "model", "")) | {"reader": reader},
+            "aggregate": aggregate(good),
+            "errors": len(records) - len(good),
+            "wall_s": round(time.perf_counter() - t0, 2),
+            "records": records,
+        }
+
+
+def run_spec(eval_set: EvalSet, method: Method, settings: Settings, setting: str, adapter_id: str,
+             llm_model: str = "") -> dict:
+    """What a run's results depend on; a sweep reruns a point only when this changes."""
+    return {"dataset": eval_set.name, "method": method.name, "setting": setting,
+            "k": settings.k, "branching": settings.branching, "rounds": settings.rounds, "mode": settings.mode,
+            "flat_m": settings.flat_m, "reader_token_cap": settings.reader_token_cap,
+            "classify_tables": settings.classify_tables, "node_adapter": adapter_id, "llm_model": llm_model,
+            "n_questions": len(eval_set.questions), "question_ids": eval_set.ids_digest}
+
+
+def write_json(path: str | Path, obj) -> None:
+    """Atomically (temporary file + rename), so a killed run never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def comparison(runs: Mapping[str, dict], baseline: str = "canopy", metrics: Sequence[str] = METRICS) -> dict:
+    """Paired differences of every run against ``baseline`` (``method - baseline``)."""
+    if baseline not in runs:
+        return {}
+    base = runs[baseline]["records"]
+    return {name: paired_differences(run["records"], base, metrics)
+            for name, run in runs.items() if name != baseline}

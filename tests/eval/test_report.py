@@ -1,0 +1,42 @@
+"""The report: a folder of run JSONs -> markdown tables (ablation with intervals, paired
+differences, latency, sweep) and two PNG plots."""
+
+import json
+
+from canopy_ray.eval.report import main, write_report
+from canopy_ray.eval.runs import aggregate, write_json
+
+
+def _run(method, k, b, f1s, tokens, roles=None):
+    recs = [{"id": f"q{i}", "f1": f, "em": float(f == 1.0), "answer_recall": 1.0, "tokens": t, "llm_calls": 2,
+             "rounds": 1, "latency_total": 1.5} for i, (f, t) in enumerate(zip(f1s, tokens))]
+    run = {"spec": {"dataset": "tiny", "method": method, "setting": "given", "k": k, "branching": b,
+                    "n_questions": len(recs), "node_adapter": "frozen", "llm_model": "scripted"},
+           "aggregate": aggregate(recs), "errors": 0, "records": recs}
+    if roles:
+        run["point"] = {"roles": roles}
+    return run
+
+
+def test_report_writes_tables_and_plots(tmp_path):
+    res = tmp_path / "res"
+    write_json(res / "points" / "a.json", _run("canopy", 10, 2, [1.0, 0.5, 0.0, 1.0], [100, 120, 80, 90],
+                                               ["ablation", "grid"]))
+    write_json(res / "points" / "b.json", _run("vanilla", 10, 2, [1.0, 0.0, 0.0, 1.0], [300, 320, 280, 290],
+                                               ["ablation", "grid"]))
+    write_json(res / "points" / "c.json", _run("canopy", 5, 2, [0.5, 0.5, 0.0, 1.0], [60, 70, 50, 40], ["grid"]))
+    write_json(res / "points" / "d.json", _run("canopy", 5, 3, [0.5, 0.5, 0.0, 1.0], [70, 80, 60, 50], ["grid"]))
+    (res / "sweep.json").write_text(json.dumps({"spec": {}}))  # not a run: ignored
+    paths = write_report(res)
+    md = (res / "results.md").read_text()
+    assert "## tiny: methods (given setting, k=10, B=2, 4 questions)" in md
+    assert "| canopy | 0.500 [0.000, 1.000] | 0.625 [" in md  # EM then F1 with intervals
+    # paired, vanilla - canopy: same EM on every question, F1 lower on one, +200 tokens on each
+    assert "| vanilla | 0.000 [0.000, 0.000] | -0.125 [-0.375, 0.000] |" in md and "| 200 [200, 200] |" in md
+    assert "## tiny: sweep over k and B (given setting, 4 questions)" in md
+    assert "| canopy | 5 | 3 |" in md and "| vanilla | 10 | any |" in md
+    for name in ("quality_vs_tokens", "tokens_by_b"):
+        assert (res / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and name in paths
+    assert main([str(res), "--out", str(tmp_path / "elsewhere")]) == 0
+    assert (tmp_path / "elsewhere" / "results.md").exists()
+    assert main([str(tmp_path / "missing")]) == 2

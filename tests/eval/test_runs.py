@@ -1,0 +1,150 @@
+"""Run records and aggregation: intervals and paired differences on known samples, gold recall
+on a hand-worked answer, the six methods on the tiny set with a scripted reader, the LLM cache."""
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from canopy_ray.config import load_config
+from canopy_ray.core.items import Gold, Question
+from canopy_ray.core.metrics import bootstrap_ci, paired_difference_ci
+from canopy_ray.eval.cache import CachedChatClient
+from canopy_ray.eval.methods import METHODS, parse_methods
+from canopy_ray.eval.runs import (METRICS, Runner, aggregate, gold_recalls, load_eval_set, paired_differences,
+                                  sample_questions)
+from canopy_ray.pipeline import Settings
+from tests.eval.conftest import CORPUS, QUESTIONS
+from tests.eval.scripted import ScriptedClient
+
+
+def test_aggregate_is_the_bootstrap_over_defined_values():
+    recs = [{"id": f"q{i}", "em": float(i % 2), "gold_recall": None if i == 0 else i / 10, "tokens": 100 + i}
+            for i in range(9)]
+    agg = aggregate(recs, ["em", "gold_recall", "tokens", "rounds"])
+    assert agg["em"] == bootstrap_ci([float(i % 2) for i in range(9)]).as_dict() | {"n": 9}
+    assert agg["gold_recall"]["n"] == 8 and agg["gold_recall"]["mean"] == pytest.approx(0.45)
+    assert agg["tokens"]["low"] <= agg["tokens"]["mean"] == 104 <= agg["tokens"]["high"]
+    assert agg["rounds"] == {"mean": None, "low": None, "high": None, "n": 0}  # strict JSON, no NaN
+    json.dumps(agg, allow_nan=False)
+
+
+def test_bootstrap_interval_on_a_known_sample():
+    # 100 Bernoulli values, p = 0.5: the standard error is 0.05, the 95% interval about 0.5 +- 0.098
+    agg = aggregate([{"id": str(i), "em": float(i < 50)} for i in range(100)], ["em"])["em"]
+    assert agg["mean"] == 0.5 and 0.38 < agg["low"] < 0.42 and 0.58 < agg["high"] < 0.62
+    const = aggregate([{"id": str(i), "f1": 0.25} for i in range(7)], ["f1"])["f1"]
+    assert const["low"] == const["mean"] == const["high"] == 0.25
+
+
+def test_paired_differences_pair_questions_by_id():
+    a = [{"id": "x", "f1": 1.0}, {"id": "y", "f1": 0.5}, {"id": "z", "f1": None}, {"id": "w", "f1": 0.0},
+         {"id": "only_a", "f1": 1.0}]
+    b = [{"id": "y", "f1": 0.0}, {"id": "w", "f1": 0.5}, {"id": "x", "f1": 1.0}, {"id": "z", "f1": 1.0}]
+    d = paired_differences(a, b, ["f1"])["f1"]
+    assert d == paired_difference_ci([1.0, 0.5, 0.0], [1.0, 0.0, 0.5]).as_dict() | {"n": 3}
+    assert d["mean"] == 0.0 and d["low"] < 0 < d["high"]
+    shift = paired_differences([{"id": str(i), "tokens": 10 + i} for i in range(5)],
+                               [{"id": str(i), "tokens": 30 + i} for i in range(5)], ["tokens"])["tokens"]
+    assert shift["mean"] == shift["low"] == shift["high"] == -20  # a constant difference has no spread
+
+
+def test_gold_recall_on_a_hand_worked_answer():
+    q = Question("q", "?", ("x",), gold=(Gold("a", (1, 2)), Gold("b", (0,)), Gold("c", ())))
+    ans = SimpleNamespace(results=[SimpleNamespace(id="a", kept=[(0, 2)]), SimpleNamespace(id="c", kept=[(3, 4)])])
+    frag, item = gold_recalls(q, ans)
+    assert frag == pytest.approx(1 / 3)  # leaves a1, a2, b0: only a1 kept; c is whole-gold, left out
+    assert item == pytest.approx(2 / 3)  # a and c retrieved, b not
+
+
+def test_methods_map_to_pipeline_settings():
+    base = Settings(k=10, rounds=3, branching=2)
+    assert METHODS["vanilla"].settings(base, k=5, rounds=4) == Settings(k=5, rounds=1, mode="none")
+    assert METHODS["no_projection"].settings(base) == Settings(mode="none")
+    assert METHODS["no_iteration"].settings(base, branching=3) == Settings(rounds=1, branching=3)
+    assert METHODS["flat"].settings(base, flat_m=2) == Settings(mode="flat", flat_m=2)
+    assert METHODS["frozen"].frozen and not METHODS["canopy"].frozen
+    assert [m.name for m in parse_methods("all")] == list(METHODS)
+    with pytest.raises(ValueError):
+        parse_methods("canopy,bogus")
+
+
+def test_sample_is_fixed_and_nested():
+    qs = [Question(f"q{i}", "?") for i in range(30)]
+    five, ten = sample_questions(qs, 5, seed=1), sample_questions(list(reversed(qs)), 10, seed=1)
+    assert ten[:5] == five and sample_questions(qs, 5, seed=2) != five
+
+
+@pytest.fixture(scope="module")
+def runner(minilm):
+    return Runner(load_config(None), ScriptedClient(), encoder=minilm)
+
+
+@pytest.fixture(scope="module")
+def tiny_set():
+    return load_eval_set("tiny", QUESTIONS, CORPUS)
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(runner, tiny_set):
+    return {name: runner.run(tiny_set, m) for name, m in METHODS.items()}
+
+
+@pytest.mark.integration
+def test_every_method_runs_with_all_metrics(tiny_runs):
+    for name, run in tiny_runs.items():
+        assert run["errors"] == 0 and len(run["records"]) == 3, name
+        assert set(METRICS) <= set(run["aggregate"]) and run["spec"]["method"] == name
+        json.dumps(run, allow_nan=False)
+
+
+@pytest.mark.integration
+def test_methods_behave_as_specified(tiny_runs):
+    by = {name: {r["id"]: r for r in run["records"]} for name, run in tiny_runs.items()}
+    for r in by["vanilla"].values():  # one round, whole items, every candidate retrieved (k=10)
+        assert r["rounds"] == 1 and r["llm_calls_by_role"] == {"reader": 1}
+        assert r["tokens"] == r["tokens_before"] == r["tokens_after"]
+        assert r["gold_recall"] == r["gold_item_recall"] == 1.0
+    for r in by["no_iteration"].values():
+        assert r["rounds"] == 1 and "critic" not in r["llm_calls_by_role"]
+    for qid, r in by["canopy"].items():
+        assert r["tokens_after"] <= r["tokens_before"] == by["vanilla"][qid]["tokens_before"]
+        assert r["llm_calls_by_role"]["critic"] == r["rounds"] - (r["rounds"] == 3)
+    for r in by["no_projection"].values():
+        assert r["tokens_after"] == r["tokens_before"]
+    for r in by["flat"].values():  # m = 5 leaves per item at most
+        assert all(sum(b - a for a, b in spans) <= 5 for spans in r["kept"].values())
+    # no adapter in the default config: f_theta is f0, so frozen reproduces canopy exactly
+    assert tiny_runs["frozen"]["spec"]["node_adapter"] == tiny_runs["canopy"]["spec"]["node_adapter"] == "frozen"
+    for qid, r in by["canopy"].items():
+        assert by["frozen"][qid]["kept"] == r["kept"] and by["frozen"][qid]["prediction"] == r["prediction"]
+
+
+@pytest.mark.integration
+def test_skipping_the_reader_keeps_the_reader_independent_metrics(runner, tiny_set, tiny_runs):
+    calls = runner.client.calls
+    free = runner.run(tiny_set, METHODS["no_iteration"], reader=False)
+    # only the table classifier (q1 and q3 have the sales table), no reader call
+    assert runner.client.calls - calls == sum(r["llm_calls"] for r in free["records"]) == 2
+    assert free["spec"]["reader"] is False and free["aggregate"]["em"]["n"] == 0
+    for r, full in zip(free["records"], tiny_runs["no_iteration"]["records"]):
+        assert r["em"] is None and "reader" not in r["llm_calls_by_role"]
+        assert (r["tokens"], r["answer_recall"], r["gold_recall"]) == (full["tokens"], full["answer_recall"],
+                                                                       full["gold_recall"])
+
+
+def test_chat_cache_answers_repeats_and_survives_reopening(tmp_path):
+    inner = ScriptedClient()
+    msgs = [{"role": "user", "content": "Evidence:\nTulsa\n\nQuestion: where?"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "canopy_reader", "schema": {}}}
+    cached = CachedChatClient(inner, tmp_path / "c.sqlite")
+    first = cached.chat(msgs, response_format=fmt, max_tokens=8)
+    again = asyncio.run(cached.achat(msgs, response_format=fmt, max_tokens=8))
+    assert inner.calls == 1 and cached.hits == 1 and again.content == first.content == '{"answer": "Tulsa"}'
+    assert cached.saved_s["reader"] == first.latency_s > 0
+    cached.chat(msgs, response_format=fmt, max_tokens=9)  # another request: a miss
+    assert inner.calls == 2
+    cached.close()
+    reopened = CachedChatClient(ScriptedClient(), tmp_path / "c.sqlite")
+    assert reopened.chat(msgs, response_format=fmt, max_tokens=8).content == first.content and reopened.hits == 1
