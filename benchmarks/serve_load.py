@@ -118,21 +118,27 @@ def cached_vs_fly(repeats: int = 10) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--requests-per-level", type=int, default=64)
+    p.add_argument("--parts", default="load,cache", help="which parts to run: load, cache or both")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
     args = p.parse_args(argv)
     import ray
 
+    parts = set(args.parts.split(","))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    lines = []
     try:
-        rows = serve_load(args.requests_per_level)
-        cv = cached_vs_fly()
+        if "load" in parts:
+            rows = serve_load(args.requests_per_level)
+            lines += ["| batching | concurrency | requests | req/s | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
+            lines += [f"| {r['batching']} | {r['concurrency']} | {r['requests']} | {r['rps']:.2f} | "
+                      f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} |" for r in rows] + [""]
+        if "cache" in parts:
+            cv = cached_vs_fly()
+            lines += ["| k items | nodes | cached ms | on the fly ms | speed-up |", "|---|---|---|---|---|",
+                      f"| {cv['items']} | {cv['nodes']} | {cv['cached_ms']:.2f} | {cv['fly_ms']:.1f} | "
+                      f"{cv['speedup']:.0f}x |"]
     finally:
         ray.shutdown()
-    lines = ["| batching | concurrency | requests | req/s | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['batching']} | {r['concurrency']} | {r['requests']} | {r['rps']:.2f} | {r['p50_ms']:.0f} | "
-              f"{r['p99_ms']:.0f} |" for r in rows]
-    lines += ["", "| k items | nodes | cached ms | on the fly ms | speed-up |", "|---|---|---|---|---|",
-              f"| {cv['items']} | {cv['nodes']} | {cv['cached_ms']:.2f} | {cv['fly_ms']:.1f} | {cv['speedup']:.0f}x |"]
     table = "\n".join(lines)
     print(table)
     if args.out:
