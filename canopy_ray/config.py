@@ -71,6 +71,14 @@ class TrainingConfig(Section):
     workers: int = Field(1, ge=1)
     use_gpu: bool = False
     seed: int = 0
+    lora_layers: int = Field(2, ge=0, description="LoRA on the top N layers only (0 = all); the "
+                             "frozen bottom layers' states are computed once and cached")
+    max_length: int = Field(128, ge=8, description="token cap of node texts in training")
+    threads: int = Field(1, ge=1, description="torch threads per worker (and for the caches)")
+    subsample: int | None = Field(None, ge=1, description="train on this many random instances "
+                                  "(seeded); None = all")
+    val_instances: int | None = Field(300, ge=0, description="validation instances scored at each "
+                                      "checkpoint (decision accuracy); 0 = none, None = all")
 
 
 class LLMSection(Section):
@@ -111,7 +119,7 @@ class ServeConfig(Section):
     query_batch_size: int = Field(32, ge=1, description="@serve.batch size of the query encoder (1 = off)")
     node_batch_size: int = Field(8, ge=1, description="@serve.batch size (requests) of the node encoder")
     batch_wait_s: float = Field(0.005, ge=0)
-    replica_cpus: float = Field(0.5, gt=0, description="CPUs reserved per replica")
+    replica_cpus: float = Field(0.25, gt=0, description="CPUs reserved per replica (6 replicas fit 2 CPUs)")
 
 
 class CanopyConfig(Section):

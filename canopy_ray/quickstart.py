@@ -41,8 +41,8 @@ def sample_questions(path: Path, n: int) -> list[dict]:
     """The first question of each source in turn, then the media question, up to ``n``."""
     qs = [parse_question(json.loads(line)) for line in path.open() if line.strip()]
     by_source: dict[str, list] = {}
-    for q in qs:
-        by_source.setdefault(q.id.split(":")[0] if ":" in q.id else "hotpotqa", []).append(q)
+    for q in qs:  # item ids start with their source: "hotpotqa:", "nq:", "tatqa:"
+        by_source.setdefault(q.gold[0].item_id.split(":")[0], []).append(q)
     picked = [{"question": v[0].question, "answers": list(v[0].answers)} for v in by_source.values()]
     picked.append({"question": "What stands on the launch pad at dusk?", "answers": ["a rocket"]})
     return picked[:n]
@@ -96,12 +96,14 @@ def run(cfg: CanopyConfig | None = None, out_dir: str | Path = "runs/quickstart"
     corpus = Path(corpus) if corpus else Path(str(SAMPLE / "corpus.jsonl"))
     questions = questions or sample_questions(Path(str(SAMPLE / "questions.jsonl")), n_questions)
     items = {it.id: it for _, it in iter_jsonl(corpus.open()) if not isinstance(it, ItemError)}
+    echo(f"[1/3] indexing {corpus} with the Ray Data job")
+    # Without a running Ray, the job starts its own and stops it, so no Ray Data actor
+    # outlives it to hold the CPUs the Serve replicas need.
+    summary = run_index(cfg, corpus, out / "index", media_root=corpus.parent, progress=True, num_cpus=2)
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        echo(f"[1/3] indexing {corpus} with the Ray Data job")
-        summary = run_index(cfg, corpus, out / "index", media_root=corpus.parent, progress=True)
         port = _free_port(port)
         cfg = cfg.override(serve={"index_dir": str(out / "index"), "media_root": str(corpus.parent), "port": port})
         echo(f"[2/3] starting the Serve application on http://127.0.0.1:{port}")
