@@ -21,7 +21,7 @@ from canopy_ray.compressor import ItemResult, format_forest
 from canopy_ray.config import CanopyConfig, load_config
 from canopy_ray.core.evidence import node_text
 from canopy_ray.core.hierarchy import build_tree
-from canopy_ray.core.items import Item, ItemError, iter_jsonl, parse_question
+from canopy_ray.core.items import Item, parse_question
 
 SAMPLE = resources.files("canopy_ray") / "assets" / "sample"
 # One question per source (HotpotQA, NQ, TAT-QA) and one for the media items.
@@ -86,6 +86,7 @@ def run(cfg: CanopyConfig | None = None, out_dir: str | Path = "runs/quickstart"
     import ray
     from ray import serve
 
+    from canopy_ray.index import load_index
     from canopy_ray.indexer import run_index
     from canopy_ray.serve import build_app
 
@@ -95,7 +96,6 @@ def run(cfg: CanopyConfig | None = None, out_dir: str | Path = "runs/quickstart"
     out.mkdir(parents=True, exist_ok=True)
     corpus = Path(corpus) if corpus else Path(str(SAMPLE / "corpus.jsonl"))
     questions = questions or sample_questions(Path(str(SAMPLE / "questions.jsonl")), n_questions)
-    items = {it.id: it for _, it in iter_jsonl(corpus.open()) if not isinstance(it, ItemError)}
     echo(f"[1/3] indexing {corpus} with the Ray Data job")
     # Without a running Ray, the job starts its own and stops it, so no Ray Data actor
     # outlives it to hold the CPUs the Serve replicas need.
@@ -109,6 +109,7 @@ def run(cfg: CanopyConfig | None = None, out_dir: str | Path = "runs/quickstart"
         echo(f"[2/3] starting the Serve application on http://127.0.0.1:{port}")
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app({"cfg": cfg}), name="canopy", route_prefix="/")
+        index = load_index(out / "index")  # the items as indexed (a corpus may repeat an id; the first counts)
         echo(f"[3/3] asking {len(questions)} questions")
         records, blocks = [], []
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
@@ -116,7 +117,7 @@ def run(cfg: CanopyConfig | None = None, out_dir: str | Path = "runs/quickstart"
                 r = client.post("/v1/answer", json={"question": q["question"], "explain": True})
                 r.raise_for_status()
                 ans = r.json()
-                results = [_result(items[e["id"]], e, cfg, cfg.hierarchy.branching) for e in ans["items"]]
+                results = [_result(index.item(e["id"]), e, cfg, cfg.hierarchy.branching) for e in ans["items"]]
                 echo(f"\nQ: {q['question']}\nA: {ans['answer']!r}   (gold: {', '.join(q.get('answers', []))})")
                 echo(f"rounds {ans['rounds']}, LLM calls {ans['llm_calls_total']} {ans['llm_calls']}, tokens "
                      f"{ans['tokens']['before']} -> {ans['tokens']['after']} (reader {ans['tokens']['reader']})")

@@ -28,16 +28,26 @@ class TrainResult:
     wall_s: float  # this call, end to end (instances, f0 queries, Ray Train)
     checkpoint: str | None
     start_step: int = 0  # the step this call resumed from (0 for a fresh run)
+    val_decision_accuracy: float | None = None  # on the validation instances, last checkpoint
 
 
 def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str | Path,
           name: str, out_dir: str | Path | None = None, *, max_steps: int | None = None,
-          checkpoint_every: int | None = 100, limit: int | None = None) -> TrainResult:
+          checkpoint_every: int | None = 100, limit: int | None = None,
+          time_budget_s: float | None = None) -> TrainResult:
     """Train on the ``train`` split of the named canonical data directories.
 
-    ``max_steps`` caps the total step count (a short run or a test); ``limit`` keeps only
-    the first ``limit`` instances; ``out_dir`` receives the final adapter (PEFT layout).
+    ``max_steps`` caps the total step count (a short run or a test); ``time_budget_s``
+    stops after that many seconds inside training steps (then the final checkpoint);
+    ``limit`` keeps only the first ``limit`` instances (``training.subsample`` a seeded
+    random sample instead); ``out_dir`` receives the final adapter (PEFT layout).
+
+    Before Ray Train starts, the frozen f0 query vectors and the bottom-layer states of
+    every node text (below the ``training.lora_layers`` LoRA layers, ``training.max_length``
+    tokens) are computed once and cached in ``storage_path/name`` (see
+    :mod:`canopy_ray.train.cached`); the workers only run the top layers.
     """
+    import numpy as np
     import ray
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -46,28 +56,37 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
     from canopy_ray.train.loop import train_loop
 
     t0 = time.perf_counter()
+    tc = cfg.training
+    run_dir = Path(storage_path) / name
     instances = build_instances(data_dirs, "train", cfg.hierarchy.branching)
     if limit:
         instances = instances[:limit]
+    if tc.subsample and tc.subsample < len(instances):
+        keep = np.sort(np.random.default_rng(tc.seed).permutation(len(instances))[:tc.subsample])
+        instances = [instances[k] for k in keep]
     if not instances:
         raise ValueError("no training instances in the given data")
-    queries = sorted({i.query for i in instances})
-    row = {q: k for k, q in enumerate(queries)}
-    q_vecs = _f0_queries(cfg, queries, Path(storage_path) / name)
+    val = []
+    if tc.val_instances != 0:
+        val = build_instances(data_dirs, "validation", cfg.hierarchy.branching)
+        if tc.val_instances and tc.val_instances < len(val):
+            keep = np.sort(np.random.default_rng(tc.seed + 1).permutation(len(val))[:tc.val_instances])
+            val = [val[k] for k in keep]
+    train_part = _prepared(cfg, instances, run_dir)
     loop_config = {
-        "training": cfg.training.model_dump(),
+        "training": tc.model_dump(),
         "encoder_path": cfg.models.encoder_path,
-        "max_length": cfg.models.max_length,
-        "queries": q_vecs,
-        "instances": [(row[i.query], i.texts, i.pairs) for i in instances],
+        **train_part,
+        "val": _prepared(cfg, val, run_dir) if val else None,
         "max_steps": max_steps,
         "checkpoint_every": checkpoint_every,
+        "time_budget_s": time_budget_s,
     }
     if not ray.is_initialized():
         ray.init()
     trainer = TorchTrainer(
         train_loop, train_loop_config=loop_config,
-        scaling_config=ScalingConfig(num_workers=cfg.training.workers, use_gpu=cfg.training.use_gpu),
+        scaling_config=ScalingConfig(num_workers=tc.workers, use_gpu=tc.use_gpu),
         run_config=RunConfig(name=name, storage_path=str(Path(storage_path).resolve()),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)))
     result = trainer.fit()
@@ -82,7 +101,36 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
     return TrainResult(adapter_dir, int(m.get("step", 0)), len(instances), float(m.get("loss", "nan")),
                        float(m.get("train_s", 0.0)), time.perf_counter() - t0,
                        result.checkpoint.path if result.checkpoint else None,
-                       int(m.get("start_step", 0)))
+                       int(m.get("start_step", 0)), m.get("val_decision_accuracy"))
+
+
+def _prepared(cfg: CanopyConfig, instances, run_dir: Path) -> dict:
+    """The loop's view of instances: f0 query vectors, ``(query_row, node_rows, pairs)``
+    rows and the paths of the cached bottom-layer states of the distinct node texts."""
+    import torch
+
+    from canopy_ray.train.cached import cache_bottom
+    from canopy_ray.train.lora import load_base, n_layers
+
+    tc = cfg.training
+    queries = sorted({i.query for i in instances})
+    q_row = {q: k for k, q in enumerate(queries)}
+    texts = sorted({x for i in instances for x in i.texts})
+    t_row = {x: k for k, x in enumerate(texts)}
+    prev = torch.get_num_threads()
+    torch.set_num_threads(tc.threads)
+    try:
+        q_vecs = _f0_queries(cfg, queries, run_dir)
+        tok, base = load_base(cfg.models.encoder_path)
+        total = n_layers(base)
+        n_bottom = total - min(tc.lora_layers or total, total)
+        bottom = cache_bottom(base, tok, texts, n_bottom, tc.max_length, run_dir,
+                              tag=str(cfg.models.encoder_path), batch_size=cfg.models.batch_size)
+    finally:
+        torch.set_num_threads(prev)
+    return {"queries": q_vecs, "bottom": tuple(str(Path(p).resolve()) for p in bottom),
+            "instances": [(q_row[i.query], tuple(t_row[x] for x in i.texts), i.pairs)
+                          for i in instances]}
 
 
 def _f0_queries(cfg: CanopyConfig, queries: list[str], run_dir: Path):

@@ -34,6 +34,10 @@ def main(argv=None) -> int:
     p.add_argument("--work-dir", default="runs/data", help="converted data sets go here")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in all")
     p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="stop after this many seconds inside training steps")
+    p.add_argument("--lora-layers", type=int, default=None, help="override training.lora_layers")
+    p.add_argument("--subsample", type=int, default=None, help="override training.subsample")
     p.add_argument("--lr", type=float, default=None, help="override training.lr")
     p.add_argument("--epochs", type=int, default=None, help="override training.epochs")
     p.add_argument("--workers", type=int, default=None, help="override training.workers")
@@ -43,19 +47,22 @@ def main(argv=None) -> int:
     if args.address:
         import ray
 
-        ray.init(address=args.address, include_dashboard=False)
+        ray.init(address=args.address, include_dashboard=False,
+                 **({"num_cpus": 2} if args.address == "local" else {}))
 
     overrides = {k: v for k, v in (("lr", args.lr), ("epochs", args.epochs),
-                                   ("workers", args.workers)) if v is not None}
+                                   ("workers", args.workers), ("lora_layers", args.lora_layers),
+                                   ("subsample", args.subsample)) if v is not None}
     cfg = load_config(args.config, training=overrides) if overrides else load_config(args.config)
     out = Path(args.out) if args.out else Path(args.storage) / args.name / "adapter"
     dirs = prepare_shared(args.shared_data, args.work_dir, args.sets)
     result = train(cfg, dirs, args.storage, args.name, out, max_steps=args.max_steps,
-                   checkpoint_every=args.checkpoint_every)
+                   checkpoint_every=args.checkpoint_every, time_budget_s=args.time_budget_s)
     summary = {"adapter": str(result.adapter_dir), "steps": result.steps,
                "start_step": result.start_step, "instances": result.instances,
                "loss": result.loss, "train_s": round(result.train_s, 1),
-               "wall_s": round(result.wall_s, 1), "training": cfg.training.model_dump()}
+               "wall_s": round(result.wall_s, 1),
+               "val_decision_accuracy": result.val_decision_accuracy, "training": cfg.training.model_dump()}
     print(json.dumps(summary, indent=1))
     if result.adapter_dir:
         (Path(result.adapter_dir) / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -9,6 +9,10 @@ attention gives the adapter enough capacity (about 0.33M trainable parameters, 1
 22.7M) at a cost of 1.3 MB on disk. The BERT ``pooler.dense`` is excluded: mean pooling
 never uses it (an unused LoRA there would also trip DDP's unused-parameter check).
 
+``lora_model(..., layers=L)`` puts LoRA on the top ``L`` layers only (PEFT
+``layers_to_transform``; training.lora_layers, default 2): the bottom layers stay frozen and
+their states are cached once (:mod:`canopy_ray.train.cached`).
+
 A checkpoint directory holds the adapter in PEFT layout (``adapter_config.json`` +
 ``adapter_model.safetensors``, loadable by ``PeftModel.from_pretrained`` and so by
 :class:`canopy_ray.models.encoder.TextEncoder`), ``optimizer.pt`` and ``state.json``
@@ -25,6 +29,9 @@ import torch
 
 TARGET_MODULES = (r".*encoder\.layer\.\d+\.(attention\.self\.(query|key|value)"
                   r"|attention\.output\.dense|intermediate\.dense|output\.dense)")
+# The same modules as name suffixes: PEFT's ``layers_to_transform`` needs a list, not a regex.
+TARGET_SUFFIXES = ["query", "key", "value", "attention.output.dense", "intermediate.dense",
+                   "output.dense"]
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 BASE_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -41,14 +48,30 @@ def load_base(model_dir: str | Path | None = None):
     return tok, model
 
 
-def lora_model(base, rank: int = 8, alpha: int = 16, dropout: float = 0.05):
-    """The base model wrapped with a fresh LoRA (B = 0, so it starts equal to f0)."""
+def n_layers(model) -> int:
+    return int(model.config.num_hidden_layers)
+
+
+def lora_model(base, rank: int = 8, alpha: int = 16, dropout: float = 0.05,
+               layers: int | None = None):
+    """The base model wrapped with a fresh LoRA (B = 0, so it starts equal to f0).
+
+    ``layers``: LoRA only on the top ``layers`` transformer layers (PEFT
+    ``layers_to_transform``, recorded in ``adapter_config.json``); None or 0 = every layer.
+    """
     from peft import LoraConfig, get_peft_model
 
     for p in base.parameters():
         p.requires_grad_(False)
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
-                        target_modules=TARGET_MODULES, bias="none")
+    total = n_layers(base)
+    if layers and layers < total:
+        config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                            target_modules=list(TARGET_SUFFIXES), bias="none",
+                            layers_to_transform=list(range(total - layers, total)),
+                            layers_pattern="layer")
+    else:
+        config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                            target_modules=TARGET_MODULES, bias="none")
     return get_peft_model(base, config)
 
 

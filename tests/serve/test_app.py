@@ -134,9 +134,10 @@ def test_chat_completions_endpoint(url):
     assert post(url, "/v1/chat/completions", {"messages": "nope"}).status_code == 400
 
 
-def test_answer_matches_the_in_process_pipeline(url, cfg, minilm):
+def test_answer_matches_the_in_process_pipeline(url, cfg):
     from canopy_ray.compressor import Compressor
     from canopy_ray.index import load_index
+    from canopy_ray.models.encoder import build_encoder
     from canopy_ray.models.llm import client_from_config
     from canopy_ray.models.llm.local import smollm2_token_counter
     from canopy_ray.pipeline import LocalBackends, Pipeline, Settings
@@ -149,9 +150,10 @@ def test_answer_matches_the_in_process_pipeline(url, cfg, minilm):
     assert {"encode", "search", "compress", "llm_reader", "total"} <= set(served["timings"])
 
     index = load_index(cfg.serve.index_dir)
+    encoder = build_encoder(cfg.models)  # the same f0 and f_theta (adapter) as the served graph
     count = smollm2_token_counter(cfg.llm.cache_dir)
-    comp = Compressor.from_config(cfg, minilm, count_tokens=count, node_store=index.nodes)
-    local = Pipeline(LocalBackends(minilm, index, comp, client_from_config(cfg.llm)), Settings.from_config(cfg), count)
+    comp = Compressor.from_config(cfg, encoder, count_tokens=count, node_store=index.nodes)
+    local = Pipeline(LocalBackends(encoder, index, comp, client_from_config(cfg.llm)), Settings.from_config(cfg), count)
     ans = local.answer_sync(QUESTION).to_dict()
     assert [(e["item_id"], e["spans"]) for e in ans["evidence"]] == \
         [(e["item_id"], e["spans"]) for e in served["evidence"]]
