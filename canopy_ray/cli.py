@@ -1,4 +1,9 @@
-"""The ``canopy`` command: thin wrappers over the package's verbs."""
+"""The ``canopy`` command: one registry of verbs over the package's functions.
+
+Verbs whose options are shared with a ``jobs/*.py`` entry point own their parser: the
+registry names the module whose ``main(argv)`` takes the rest of the command line. The
+others (quickstart, demo, compress, serve) are parsed here.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,9 @@ from canopy_ray.config import ConfigError, load_config
 # verb -> (module with main(argv), help)
 PASS_THROUGH = {
     "index": ("canopy_ray.indexer", "index a corpus with the Ray Data job (FAISS shards + node store)"),
+    "train": ("canopy_ray.trainer", "fine-tune the node encoder f_theta (LoRA) with Ray Train; resumable"),
     "eval": ("canopy_ray.evaluator", "run methods over a question set; one JSON with intervals per run"),
+    "eval-refinement": ("canopy_ray.eval.refinement", "f0 vs f_theta refinement on gold items (no LLM)"),
     "sweep": ("canopy_ray.eval.sweep", "the resumable k x B sweep on an autoscaling Ray actor pool"),
     "report": ("canopy_ray.eval.report", "turn a results folder into a markdown table and PNG plots"),
 }
@@ -28,12 +35,10 @@ def _examples() -> list[dict]:
 
 def _compressor(config: str | None):
     from canopy_ray.compressor import Compressor
-    from canopy_ray.models.encoder import TextEncoder
+    from canopy_ray.models.encoder import build_encoder
 
     cfg = load_config(config)
-    m = cfg.models
-    encoder = TextEncoder(m.encoder_path, m.adapter, m.max_length, m.batch_size, m.device)
-    return Compressor.from_config(cfg, encoder)
+    return Compressor.from_config(cfg, build_encoder(cfg.models))
 
 
 def _print_results(query: str, results) -> None:
@@ -73,9 +78,7 @@ def cmd_compress(args) -> int:
     comp = _compressor(args.config)
     results = comp.compress(args.query, items, branching=args.branching)
     if args.json:
-        print(json.dumps([{"id": r.id, "kept": [list(s) for s in r.kept], "tokens_before": r.tokens_before,
-                           "tokens_after": r.tokens_after, "evidence": r.evidence.text,
-                           "nodes": r.nodes()} for r in results], indent=1))
+        print(json.dumps([r.to_dict(explain=True) for r in results], indent=1))
     else:
         _print_results(args.query, results)
     return 0

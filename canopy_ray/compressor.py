@@ -18,6 +18,33 @@ from canopy_ray.core.items import Item
 from canopy_ray.core.refine import decisions
 
 MODES = ("canopy", "none", "flat")
+NODE_ENCODERS = ("tuned", "frozen")
+
+
+@dataclass(frozen=True)
+class CompressOptions:
+    """How one call compresses its items (travels as one value across a Serve handle).
+
+    ``mode``: ``canopy`` (refinement), ``none`` (items passed whole) or ``flat`` (the
+    ``flat_m`` best leaves); ``whole`` names items kept unsplit (aggregation tables);
+    ``round`` tags the evidence; ``branching`` overrides B. Serve's Refiner also reads
+    ``node_encoder`` (``tuned`` f_theta or ``frozen`` f0) and ``use_store`` (take cached
+    node vectors from the index: only for items that came from it).
+    """
+
+    branching: int | None = None
+    whole: frozenset[str] = frozenset()
+    mode: str = "canopy"
+    flat_m: int = 5
+    round: int = 1
+    node_encoder: str = "tuned"
+    use_store: bool = False
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.node_encoder not in NODE_ENCODERS:
+            raise ValueError(f"node_encoder must be one of {NODE_ENCODERS}, got {self.node_encoder!r}")
 
 
 @dataclass(frozen=True)
@@ -38,6 +65,23 @@ class ItemResult:
         """Every node with its score and fate, in pre-order (the ``explain`` output)."""
         return [{"span": list(n.span), "depth": d, "score": self.scores[n.span],
                  "decision": self.decisions[n.span]} for n, d in self.tree.root.walk()]
+
+    def to_dict(self, explain: bool = False) -> dict:
+        """The per-item JSON of ``/v1/compress``, ``/v1/answer`` and ``canopy compress --json``."""
+        out = {"id": self.id, "modality": self.tree.item.modality, "kept": [list(s) for s in self.kept],
+               "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
+               "evidence": self.evidence.text}
+        if explain:
+            out["nodes"] = self.nodes()
+        return out
+
+    @classmethod
+    def from_dict(cls, tree: ItemTree, d: dict, round: int = 1) -> "ItemResult":
+        """Back from :meth:`to_dict` with ``explain`` (``tree`` built as the server built it)."""
+        kept = [tuple(s) for s in d["kept"]]
+        return cls(tree, {tuple(n["span"]): n["score"] for n in d["nodes"]},
+                   {tuple(n["span"]): n["decision"] for n in d["nodes"]}, kept, d["tokens_before"],
+                   d["tokens_after"], piece(tree, kept, round))
 
 
 def score_nodes(query_vec: np.ndarray, nodes: Sequence[Node], node_vecs: np.ndarray) -> dict[Span, float]:
@@ -110,28 +154,26 @@ class Compressor:
         vecs = await encode_nodes(pieces) if pieces else []
         return self._stack(trees, found, missing, vecs)
 
-    def trees(self, items: Sequence[Item], branching: int | None = None, whole: frozenset[str] = frozenset(),
-              mode: str = "canopy") -> list[ItemTree]:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        return [self.tree(it, whole=mode == "none" or it.id in whole, branching=branching) for it in items]
+    def trees(self, items: Sequence[Item], opts: CompressOptions = CompressOptions()) -> list[ItemTree]:
+        return [self.tree(it, whole=opts.mode == "none" or it.id in opts.whole, branching=opts.branching)
+                for it in items]
 
     def finish(self, query_vec: np.ndarray, trees: Sequence[ItemTree], vecs: Sequence[np.ndarray],
-               mode: str = "canopy", flat_m: int = 5, round: int = 1) -> list[ItemResult]:
-        if mode == "flat":
-            return [flat_tree(query_vec, t, v, flat_m, self.count_tokens, round) for t, v in zip(trees, vecs)]
-        return [compress_tree(query_vec, t, v, self.count_tokens, round) for t, v in zip(trees, vecs)]
+               opts: CompressOptions = CompressOptions()) -> list[ItemResult]:
+        if opts.mode == "flat":
+            return [flat_tree(query_vec, t, v, opts.flat_m, self.count_tokens, opts.round)
+                    for t, v in zip(trees, vecs)]
+        return [compress_tree(query_vec, t, v, self.count_tokens, opts.round) for t, v in zip(trees, vecs)]
 
-    def compress_items(self, query_vec: np.ndarray, items: Sequence[Item], branching: int | None = None,
-                       whole: frozenset[str] = frozenset(), mode: str = "canopy", flat_m: int = 5,
-                       round: int = 1) -> list[ItemResult]:
-        """Compress items against a query vector. ``mode``: ``canopy`` (refinement), ``none``
-        (items passed whole) or ``flat`` (the m best leaves); ``whole`` names items kept unsplit."""
-        trees = self.trees(items, branching, whole, mode)
-        return self.finish(query_vec, trees, self.node_vectors(trees), mode, flat_m, round)
+    def compress_items(self, query_vec: np.ndarray, items: Sequence[Item],
+                       opts: CompressOptions = CompressOptions()) -> list[ItemResult]:
+        """Compress items against a query vector (f0 of the query)."""
+        trees = self.trees(items, opts)
+        return self.finish(query_vec, trees, self.node_vectors(trees), opts)
 
     def compress(self, query: str, items: Sequence[Item], branching: int | None = None) -> list[ItemResult]:
-        return self.compress_items(self.encoder.encode_queries([query])[0], items, branching)
+        return self.compress_items(self.encoder.encode_queries([query])[0], items,
+                                   CompressOptions(branching=branching))
 
 
 def flat_tree(query_vec: np.ndarray, tree: ItemTree, node_vecs: np.ndarray, m: int,

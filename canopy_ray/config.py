@@ -28,11 +28,13 @@ class HierarchyConfig(Section):
     segment_s: float = Field(30.0, gt=0, description="video leaf length in seconds")
     frame_every_s: float = Field(10.0, gt=0, description="one video frame per this many seconds")
     max_frames: int = Field(32, ge=1, description="frames per video node at most")
+    flat_m: int = Field(5, ge=1, description="leaves kept per item by the flat baseline")
 
 
 class CriticConfig(Section):
     rounds: int = Field(3, ge=1, le=10, description="R: critic rounds at most")
     reader_token_cap: int = Field(16384, ge=256, description="reader evidence tokens at most")
+    classify_tables: bool = Field(True, description="one LLM call per new table: aggregation keeps it whole")
 
 
 PACKAGE_PREFIX = "package:"

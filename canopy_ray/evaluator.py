@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Callable
 
 from canopy_ray.eval.methods import parse_methods
-from canopy_ray.eval.runs import Runner, comparison, load_eval_set, write_json
+from canopy_ray.core.files import write_json
+from canopy_ray.eval.runs import Runner, comparison, load_eval_set
 
 
 def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, methods="canopy",

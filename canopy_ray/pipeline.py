@@ -21,7 +21,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from canopy_ray.compressor import MODES, Compressor, ItemResult
+from canopy_ray.compressor import MODES, CompressOptions, Compressor, ItemResult
 from canopy_ray.core.evidence import (Piece, TokenCounter, count_words, piece, render, render_evidence,
                                       truncate_newest_first)
 from canopy_ray.core.hierarchy import build_tree
@@ -42,7 +42,8 @@ class Settings:
     @classmethod
     def from_config(cls, cfg, **overrides) -> "Settings":
         base = dict(k=cfg.retrieval.k, rounds=cfg.critic.rounds, branching=cfg.hierarchy.branching,
-                    reader_token_cap=cfg.critic.reader_token_cap)
+                    reader_token_cap=cfg.critic.reader_token_cap, flat_m=cfg.hierarchy.flat_m,
+                    classify_tables=cfg.critic.classify_tables)
         return cls(**(base | {k: v for k, v in overrides.items() if v is not None}))
 
 
@@ -55,8 +56,8 @@ class Backends(Protocol):
 
     async def fetch(self, item_ids: Sequence[str]) -> list[Item]: ...
 
-    async def compress(self, query_vec: np.ndarray, items: Sequence[Item], branching: int,
-                       whole: frozenset[str], mode: str, flat_m: int, round: int) -> list[ItemResult]: ...
+    async def compress(self, query_vec: np.ndarray, items: Sequence[Item],
+                       opts: CompressOptions) -> list[ItemResult]: ...
 
     async def llm(self, call: RoleCall) -> Outcome: ...
 
@@ -137,8 +138,8 @@ class Pipeline:
             seen.update(new_ids)
             items = await self._timed(ans, "fetch", self.backends.fetch(new_ids))
             whole = await self._aggregation_tables(ans, question, items, s)
-            results = await self._timed(ans, "compress", self.backends.compress(
-                qvec, items, s.branching, whole, s.mode, s.flat_m, t))
+            opts = CompressOptions(branching=s.branching, whole=whole, mode=s.mode, flat_m=s.flat_m, round=t)
+            results = await self._timed(ans, "compress", self.backends.compress(qvec, items, opts))
             ans.results.extend(results)
             before += sum(r.tokens_before for r in results)
             after += sum(r.tokens_after for r in results)
@@ -189,8 +190,8 @@ class LocalBackends:
     async def fetch(self, item_ids):
         return self.retriever.items(item_ids)
 
-    async def compress(self, query_vec, items, branching, whole, mode, flat_m, round):
-        return self.compressor.compress_items(query_vec, items, branching, whole, mode, flat_m, round)
+    async def compress(self, query_vec, items, opts):
+        return self.compressor.compress_items(query_vec, items, opts)
 
     async def llm(self, call):
         return await arun_role(self.client, call)

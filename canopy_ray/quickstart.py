@@ -19,6 +19,7 @@ import httpx
 
 from canopy_ray.compressor import ItemResult, format_forest
 from canopy_ray.config import CanopyConfig, load_config
+from canopy_ray.core.files import write_json, write_text
 from canopy_ray.core.evidence import node_text
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import Item, parse_question
@@ -37,7 +38,7 @@ def _free_port(preferred: int) -> int:
         return s.getsockname()[1]
 
 
-def sample_questions(path: Path, n: int) -> list[dict]:
+def demo_questions(path: Path, n: int) -> list[dict]:
     """The first question of each source in turn, then the media question, up to ``n``."""
     qs = [parse_question(json.loads(line)) for line in path.open() if line.strip()]
     by_source: dict[str, list] = {}
@@ -48,14 +49,12 @@ def sample_questions(path: Path, n: int) -> list[dict]:
     return picked[:n]
 
 
-def _result(item: Item, explained: dict, cfg: CanopyConfig, branching: int) -> ItemResult:
+def _result(item: Item, explained: dict, cfg: CanopyConfig) -> ItemResult:
+    """An item's result from the server's ``explain`` JSON; its tree built as the server built it."""
     h = cfg.hierarchy
     whole = len(explained["nodes"]) == 1
-    tree = build_tree(item, branching, h.segment_s, h.frame_every_s, h.max_frames, whole=whole)
-    scores = {tuple(n["span"]): n["score"] for n in explained["nodes"]}
-    fate = {tuple(n["span"]): n["decision"] for n in explained["nodes"]}
-    return ItemResult(tree, scores, fate, [tuple(s) for s in explained["kept"]], explained["tokens_before"],
-                      explained["tokens_after"], None)
+    tree = build_tree(item, h.branching, h.segment_s, h.frame_every_s, h.max_frames, whole=whole)
+    return ItemResult.from_dict(tree, explained)
 
 
 def _html_item(r: ItemResult) -> str:
@@ -95,7 +94,7 @@ def run(cfg: CanopyConfig | None = None, out_dir: str | Path = "runs/quickstart"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     corpus = Path(corpus) if corpus else Path(str(SAMPLE / "corpus.jsonl"))
-    questions = questions or sample_questions(Path(str(SAMPLE / "questions.jsonl")), n_questions)
+    questions = questions or demo_questions(Path(str(SAMPLE / "questions.jsonl")), n_questions)
     echo(f"[1/3] indexing {corpus} with the Ray Data job")
     # Without a running Ray, the job starts its own and stops it, so no Ray Data actor
     # outlives it to hold the CPUs the Serve replicas need.
@@ -117,7 +116,7 @@ def run(cfg: CanopyConfig | None = None, out_dir: str | Path = "runs/quickstart"
                 r = client.post("/v1/answer", json={"question": q["question"], "explain": True})
                 r.raise_for_status()
                 ans = r.json()
-                results = [_result(index.item(e["id"]), e, cfg, cfg.hierarchy.branching) for e in ans["items"]]
+                results = [_result(index.item(e["id"]), e, cfg) for e in ans["items"]]
                 echo(f"\nQ: {q['question']}\nA: {ans['answer']!r}   (gold: {', '.join(q.get('answers', []))})")
                 echo(f"rounds {ans['rounds']}, LLM calls {ans['llm_calls_total']} {ans['llm_calls']}, tokens "
                      f"{ans['tokens']['before']} -> {ans['tokens']['after']} (reader {ans['tokens']['reader']})")
@@ -134,9 +133,9 @@ def run(cfg: CanopyConfig | None = None, out_dir: str | Path = "runs/quickstart"
         if started:
             ray.shutdown()
     seconds = time.perf_counter() - t0
-    (out / "answers.json").write_text(json.dumps(records, indent=1))
+    write_json(out / "answers.json", records)
     page = PAGE.format(summary=html.escape(f"{summary['items']} items indexed; {len(questions)} questions; "
                                            f"{seconds:.0f} s in all."), body="".join(blocks))
-    (out / "report.html").write_text(page)
+    write_text(out / "report.html", page)
     echo(f"\nwrote {out / 'report.html'} and {out / 'answers.json'} ({seconds:.0f} s)")
     return {"records": records, "index": summary, "seconds": seconds, "report": str(out / "report.html")}

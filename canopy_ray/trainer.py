@@ -6,11 +6,16 @@
                    out_dir="runs/minilm-canopy/adapter")
 
 Re-running with the same ``storage_path`` and ``name`` resumes from the last checkpoint.
+From the shell, :func:`main` (``canopy train`` and ``jobs/train.py``) trains on the
+shared sets and prints a summary.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,44 +49,21 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
 
     Before Ray Train starts, the frozen f0 query vectors and the bottom-layer states of
     every node text (below the ``training.lora_layers`` LoRA layers, ``training.max_length``
-    tokens) are computed once and cached in ``storage_path/name`` (see
-    :mod:`canopy_ray.train.cached`); the workers only run the top layers.
+    tokens) are computed once and cached in ``storage_path/name``
+    (:mod:`canopy_ray.train.prepare`); the workers only run the top layers.
     """
-    import numpy as np
     import ray
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from canopy_ray.train.instances import build_instances
     from canopy_ray.train.loop import train_loop
+    from canopy_ray.train.prepare import prepare
 
     t0 = time.perf_counter()
     tc = cfg.training
-    run_dir = Path(storage_path) / name
-    instances = build_instances(data_dirs, "train", cfg.hierarchy.branching)
-    if limit:
-        instances = instances[:limit]
-    if tc.subsample and tc.subsample < len(instances):
-        keep = np.sort(np.random.default_rng(tc.seed).permutation(len(instances))[:tc.subsample])
-        instances = [instances[k] for k in keep]
-    if not instances:
-        raise ValueError("no training instances in the given data")
-    val = []
-    if tc.val_instances != 0:
-        val = build_instances(data_dirs, "validation", cfg.hierarchy.branching)
-        if tc.val_instances and tc.val_instances < len(val):
-            keep = np.sort(np.random.default_rng(tc.seed + 1).permutation(len(val))[:tc.val_instances])
-            val = [val[k] for k in keep]
-    train_part = _prepared(cfg, instances, run_dir)
-    loop_config = {
-        "training": tc.model_dump(),
-        "encoder_path": cfg.models.encoder_path,
-        **train_part,
-        "val": _prepared(cfg, val, run_dir) if val else None,
-        "max_steps": max_steps,
-        "checkpoint_every": checkpoint_every,
-        "time_budget_s": time_budget_s,
-    }
+    loop_config = {**prepare(cfg, data_dirs, Path(storage_path) / name, limit),
+                   "max_steps": max_steps, "checkpoint_every": checkpoint_every,
+                   "time_budget_s": time_budget_s}
     if not ray.is_initialized():
         ray.init()
     trainer = TorchTrainer(
@@ -91,65 +73,102 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
                              checkpoint_config=CheckpointConfig(num_to_keep=2)))
     result = trainer.fit()
     m = result.metrics or {}
-    adapter_dir = None
-    if result.checkpoint is not None and out_dir is not None:
-        adapter_dir = Path(out_dir)
-        adapter_dir.mkdir(parents=True, exist_ok=True)
-        with result.checkpoint.as_directory() as d:
-            for f in ("adapter_config.json", "adapter_model.safetensors"):
-                shutil.copy2(Path(d) / f, adapter_dir / f)
-    return TrainResult(adapter_dir, int(m.get("step", 0)), len(instances), float(m.get("loss", "nan")),
+    return TrainResult(_copy_adapter(result.checkpoint, out_dir), int(m.get("step", 0)),
+                       len(loop_config["instances"]), float(m.get("loss", "nan")),
                        float(m.get("train_s", 0.0)), time.perf_counter() - t0,
                        result.checkpoint.path if result.checkpoint else None,
                        int(m.get("start_step", 0)), m.get("val_decision_accuracy"))
 
 
-def _prepared(cfg: CanopyConfig, instances, run_dir: Path) -> dict:
-    """The loop's view of instances: f0 query vectors, ``(query_row, node_rows, pairs)``
-    rows and the paths of the cached bottom-layer states of the distinct node texts."""
-    import torch
+def _copy_adapter(checkpoint, out_dir: str | Path | None) -> Path | None:
+    """The adapter files of the final checkpoint copied to ``out_dir`` (None: no copy)."""
+    from canopy_ray.train.lora import ADAPTER_FILES
 
-    from canopy_ray.train.cached import cache_bottom
-    from canopy_ray.train.lora import load_base, n_layers
+    if checkpoint is None or out_dir is None:
+        return None
+    adapter_dir = Path(out_dir)
+    adapter_dir.mkdir(parents=True, exist_ok=True)
+    with checkpoint.as_directory() as d:
+        for f in ADAPTER_FILES:
+            shutil.copy2(Path(d) / f, adapter_dir / f)
+    return adapter_dir
 
-    tc = cfg.training
-    queries = sorted({i.query for i in instances})
-    q_row = {q: k for k, q in enumerate(queries)}
-    texts = sorted({x for i in instances for x in i.texts})
-    t_row = {x: k for k, x in enumerate(texts)}
-    prev = torch.get_num_threads()
-    torch.set_num_threads(tc.threads)
+
+# ---------------------------------------------------------------- command line
+
+# options that override the training field of the same name
+TRAINING_OVERRIDES = ("lr", "epochs", "workers", "lora_layers", "subsample")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from canopy_ray.data.sets import SHARED_SETS, default_shared_root
+
+    p = argparse.ArgumentParser(
+        prog="canopy train",
+        description="Train the node encoder f_theta (LoRA on the packaged MiniLM) with Ray Train.",
+        epilog="Trains on the train split of the shared sets (converted into --work-dir on first "
+               "use). Checkpoints go to --storage/--name; the same command again resumes from the "
+               "last checkpoint. The final adapter (PEFT layout) is written to --out "
+               "(default <storage>/<name>/adapter).")
+    p.add_argument("--config", default="configs/cpu.yaml")
+    p.add_argument("--name", default="minilm-canopy", help="run name (same name = resume)")
+    p.add_argument("--storage", default="runs/train", help="Ray Train storage path")
+    p.add_argument("--out", default=None, help="final adapter directory")
+    p.add_argument("--sets", nargs="+", default=list(SHARED_SETS), choices=list(SHARED_SETS))
+    p.add_argument("--shared-data", default=default_shared_root(), help="the raw shared data root")
+    p.add_argument("--work-dir", default="runs/data", help="converted data sets go here")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in all")
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="stop after this many seconds inside training steps")
+    p.add_argument("--lora-layers", type=int, default=None, help="override training.lora_layers")
+    p.add_argument("--subsample", type=int, default=None, help="override training.subsample")
+    p.add_argument("--lr", type=float, default=None, help="override training.lr")
+    p.add_argument("--epochs", type=int, default=None, help="override training.epochs")
+    p.add_argument("--workers", type=int, default=None, help="override training.workers")
+    p.add_argument("--address", default=None,
+                   help="Ray address; 'local' starts a private local Ray (default: Ray's own choice)")
+    return p
+
+
+def main(argv=None) -> int:
+    """Train on the shared sets, print the summary and keep it beside the adapter.
+
+    A bad config or missing data prints ``error: ...`` to stderr and returns 2."""
+    from canopy_ray.config import ConfigError, load_config
+    from canopy_ray.core.errors import CanopyError  # ConvertError (unreadable raw data) is one
+    from canopy_ray.data.sets import prepare_shared
+
+    args = build_parser().parse_args(argv)
+    if args.address:
+        import ray
+
+        ray.init(address=args.address, include_dashboard=False,
+                 **({"num_cpus": 2} if args.address == "local" else {}))
+    overrides = {k: getattr(args, k) for k in TRAINING_OVERRIDES if getattr(args, k) is not None}
+    out = Path(args.out) if args.out else Path(args.storage) / args.name / "adapter"
     try:
-        q_vecs = _f0_queries(cfg, queries, run_dir)
-        tok, base = load_base(cfg.models.encoder_path)
-        total = n_layers(base)
-        n_bottom = total - min(tc.lora_layers or total, total)
-        bottom = cache_bottom(base, tok, texts, n_bottom, tc.max_length, run_dir,
-                              tag=str(cfg.models.encoder_path), batch_size=cfg.models.batch_size)
-    finally:
-        torch.set_num_threads(prev)
-    return {"queries": q_vecs, "bottom": tuple(str(Path(p).resolve()) for p in bottom),
-            "instances": [(q_row[i.query], tuple(t_row[x] for x in i.texts), i.pairs)
-                          for i in instances]}
+        cfg = load_config(args.config, training=overrides) if overrides else load_config(args.config)
+        dirs = prepare_shared(args.shared_data, args.work_dir, args.sets)
+        result = train(cfg, dirs, args.storage, args.name, out, max_steps=args.max_steps,
+                       checkpoint_every=args.checkpoint_every, time_budget_s=args.time_budget_s)
+    except (ConfigError, CanopyError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summary = summarize(result, cfg)
+    print(json.dumps(summary, indent=1))
+    if result.adapter_dir:
+        from canopy_ray.core.files import write_json
+
+        write_json(Path(result.adapter_dir) / "train_summary.json", summary)
+    return 0
 
 
-def _f0_queries(cfg: CanopyConfig, queries: list[str], run_dir: Path):
-    """Frozen f0 query vectors, computed once without gradients and kept in the run
-    directory, so a resumed run does not encode them again."""
-    import hashlib
-    import json
-
-    import numpy as np
-
-    from canopy_ray.models.encoder import TextEncoder
-
-    key = hashlib.sha1(json.dumps([cfg.models.encoder_path, cfg.models.max_length, queries])
-                       .encode()).hexdigest()[:16]
-    path = run_dir / f"f0_queries-{key}.npy"
-    if path.is_file():
-        return np.load(path)
-    f0 = TextEncoder(cfg.models.encoder_path, None, cfg.models.max_length, cfg.models.batch_size)
-    vecs = f0.encode_queries(queries)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    np.save(path, vecs)
-    return vecs
+def summarize(result: TrainResult, cfg: CanopyConfig) -> dict:
+    """The run's summary: where the adapter is, steps, loss, times and the training section."""
+    return {"adapter": str(result.adapter_dir), "steps": result.steps,
+            "start_step": result.start_step, "instances": result.instances,
+            "loss": result.loss, "train_s": round(result.train_s, 1),
+            "wall_s": round(result.wall_s, 1),
+            "val_decision_accuracy": result.val_decision_accuracy,
+            "training": cfg.training.model_dump()}

@@ -11,8 +11,11 @@ and stopped at the end.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from canopy_ray.eval.sweep import build_parser, main  # noqa: F401  (the parser is shared with ``canopy sweep``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout or a job working dir
+
+from canopy_ray.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["sweep", *sys.argv[1:]]))

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from canopy_ray.data.convert import convert
-from canopy_ray.train.instances import split_of
+from canopy_ray.core.splits import split_of
 
 OUT = Path(__file__).resolve().parents[1] / "canopy_ray" / "assets" / "sample"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from canopy_ray.data.convert import BadLine, Malformed, Sink, content_hash, slug
+from canopy_ray.data.records import BadLine, Malformed, Sink, content_hash, slug
 
 
 def paragraph_id(title: str, sentences: list[str]) -> str:

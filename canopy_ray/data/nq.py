@@ -19,7 +19,7 @@ import random
 from typing import Any, Iterable
 
 from canopy_ray.core.sentences import split_sentences
-from canopy_ray.data.convert import BadLine, Malformed, Sink, Value, content_hash, locate_sentences, slug
+from canopy_ray.data.records import BadLine, Malformed, Sink, Value, content_hash, locate_sentences, slug
 
 
 def passage_id(title: str, text: str) -> str:

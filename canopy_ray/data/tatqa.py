@@ -29,7 +29,7 @@ from typing import Any, Iterable, Sequence
 from canopy_ray.core.errors import ItemError
 from canopy_ray.core.items import parse_item
 from canopy_ray.core.sentences import split_sentences
-from canopy_ray.data.convert import (_NUMBER, BadLine, Malformed, Sink, Value, content_hash,
+from canopy_ray.data.records import (NUMBER, BadLine, Malformed, Sink, Value, content_hash,
                                      format_number, locate_sentences, parse_number)
 
 _YEAR = re.compile(r"(19|20)\d\d")
@@ -122,7 +122,7 @@ def derivation_values(derivation: str, answer_type: str) -> list[Value]:
         names = [d]
     else:
         values = []
-        for m in _NUMBER.finditer(d):
+        for m in NUMBER.finditer(d):
             before = d[:m.start()].rstrip()[-1:]
             token = m.group()
             if token in ("1", "100", "1000") and before in ("+", "-", "*", "/"):

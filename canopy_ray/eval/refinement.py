@@ -19,7 +19,6 @@ nodes at depth d (the paper's root-relative score figure). Tables are treated as
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,16 +33,13 @@ from canopy_ray.core.metrics import (RefinementStats, decision_accuracy, gold_re
                                      refinement_stats)
 from canopy_ray.core.pairs import preference_nodes
 from canopy_ray.core.refine import refine
-from canopy_ray.train.instances import GoldItem
+from canopy_ray.core.files import cached_array, write_json, write_text
+from canopy_ray.core.splits import GoldItem, family, gold_items
+from canopy_ray.data.sets import load_dataset
 
 METRICS = ("decision_accuracy", "gold_recall", "pruned_share", "kept_words", "kept_tokens")
 LABELS = {"decision_accuracy": "decision accuracy", "gold_recall": "gold recall",
           "pruned_share": "pruned share", "kept_words": "kept words", "kept_tokens": "kept tokens"}
-
-
-def family(dataset: str) -> str:
-    """``hotpotqa_dev700`` and ``hotpotqa_train100`` report together as ``hotpotqa``."""
-    return dataset.split("_")[0]
 
 
 def leaf_texts(tree: ItemTree) -> list[str]:
@@ -136,22 +132,6 @@ def _ratio(pair: Sequence[int]) -> float:
     return pair[0] / pair[1] if pair[1] else float("nan")
 
 
-def _cached(cache_dir: str | Path | None, tag: str, texts: Sequence[str], compute) -> np.ndarray:
-    """``compute(texts)``, kept in ``cache_dir`` under a hash of ``tag`` and the texts."""
-    if cache_dir is None:
-        return compute(texts)
-    import hashlib
-
-    key = hashlib.sha1(json.dumps([tag, list(texts)]).encode()).hexdigest()[:20]
-    path = Path(cache_dir) / f"{key}.npy"
-    if path.is_file():
-        return np.load(path)
-    vecs = compute(texts)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path, vecs)
-    return vecs
-
-
 def score_items(gold: Sequence[GoldItem], q_vecs: Mapping[str, np.ndarray], encoder,
                 cache_dir: str | Path | None = None) -> list[dict]:
     """Node scores per gold item: cos(f0(q), encoder nodes); node texts encoded once each
@@ -164,8 +144,8 @@ def score_items(gold: Sequence[GoldItem], q_vecs: Mapping[str, np.ndarray], enco
         spans = [n.span for n in gi.tree.nodes()]
         per_item.append([(s, texts.setdefault(node_text(gi.tree, s), len(texts))) for s in spans])
     tag = f"nodes:{getattr(encoder, 'model_id', '')}:{getattr(encoder, 'adapter_id', '')}"
-    vecs = _cached(cache_dir, tag, list(texts),
-                   lambda ts: encoder.encode_nodes([Piece("", "text", (), t) for t in ts]))
+    vecs = cached_array(cache_dir, "nodes", [tag, list(texts)],
+                        lambda: encoder.encode_nodes([Piece("", "text", (), t) for t in texts]))
     out = []
     for gi, rows in zip(gold, per_item):
         q = q_vecs[gi.question.question]
@@ -184,7 +164,8 @@ def evaluate(gold: Sequence[GoldItem], encoders: Mapping[str, object], f0=None,
     f0 = f0 or next(iter(encoders.values()))
     queries = sorted({gi.question.question for gi in gold})
     q_tag = f"queries:{getattr(f0, 'model_id', '')}"
-    q_vecs = dict(zip(queries, _cached(cache_dir, q_tag, queries, f0.encode_queries)))
+    q_vecs = dict(zip(queries, cached_array(cache_dir, "queries", [q_tag, queries],
+                                            lambda: f0.encode_queries(queries))))
     if max_depth is None:
         max_depth = max((tree_depth(gi.tree.root) for gi in gold), default=0)
     lengths = []
@@ -263,7 +244,6 @@ def plot_by_depth(report: Mapping, path: str | Path) -> Path:
 
 def collect(data_dirs: Mapping[str, str | Path], split: str | None, branching: int = 2) -> list[GoldItem]:
     """Gold items (located, >= 2 leaves) of the questions in ``split`` (None = all)."""
-    from canopy_ray.train.instances import gold_items, load_dataset
 
     out: list[GoldItem] = []
     for name in sorted(data_dirs):
@@ -277,22 +257,61 @@ def run(cfg, data_dirs: Mapping[str, str | Path], split: str | None, out_dir: st
     """Evaluate f0 (and f_theta when ``adapter`` is given) and write ``refinement.json``,
     ``refinement.md`` and ``refinement_by_depth.png`` into ``out_dir``. Query and node
     vectors are cached in ``cache_dir`` (keyed by encoder and texts) when given."""
-    from canopy_ray.models.encoder import TextEncoder
+    from canopy_ray.models.encoder import build_encoder, frozen_nodes
 
-    m = cfg.models
     gold = collect(data_dirs, split, cfg.hierarchy.branching)
-    f0 = TextEncoder(m.encoder_path, None, m.max_length, m.batch_size, m.device)
-    encoders = {"f0": f0}
-    if adapter:
-        encoders["f_theta"] = TextEncoder(m.encoder_path, adapter, m.max_length, m.batch_size, m.device)
-    report = evaluate(gold, encoders, f0=f0, cache_dir=cache_dir)
+    f_theta = build_encoder(cfg.models.model_copy(update={"adapter": adapter}))
+    encoders = {"f0": frozen_nodes(f_theta)} | ({"f_theta": f_theta} if adapter else {})
+    report = evaluate(gold, encoders, cache_dir=cache_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"split": split or "all", "sets": sorted(data_dirs), "adapter": str(adapter) if adapter else None}
-    (out / "refinement.json").write_text(json.dumps({"meta": meta, "report": report}, indent=1,
-                                                    default=float) + "\n")
-    (out / "refinement.md").write_text(
+    write_json(out / "refinement.json", {"meta": meta, "report": report}, default=float)
+    write_text(out / "refinement.md",
         f"Refinement on gold items, split `{meta['split']}`, adapter `{meta['adapter']}`\n\n"
         + to_markdown(report))
     plot_by_depth(report, out / "refinement_by_depth.png")
     return report
+
+
+def build_parser():
+    import argparse
+
+    from canopy_ray.data.sets import SHARED_SETS, default_shared_root
+
+    p = argparse.ArgumentParser(prog="canopy eval-refinement",
+                                description="Refinement evaluation of f0 vs f_theta on gold items of held-out "
+                                            "questions (no LLM).")
+    p.add_argument("--config", default="configs/cpu.yaml")
+    p.add_argument("--split", default="test", choices=["train", "validation", "test", "all"])
+    p.add_argument("--sets", nargs="+", default=list(SHARED_SETS), choices=list(SHARED_SETS))
+    p.add_argument("--shared-data", default=default_shared_root(),
+                   help="the raw shared data root (default: $CANOPY_SHARED_DATA or ../shared/data)")
+    p.add_argument("--work-dir", default="runs/data", help="converted data sets go here")
+    p.add_argument("--adapter", default=None, help="f_theta adapter dir (default: config's)")
+    p.add_argument("--frozen", action="store_true", help="evaluate f0 only")
+    p.add_argument("--out", default="runs/eval-refinement")
+    p.add_argument("--cache", default=None, help="cache query/node vectors here (per encoder)")
+    return p
+
+
+def main(argv=None) -> int:
+    """``canopy eval-refinement`` / ``jobs/eval_refinement.py``."""
+    import sys
+
+    from canopy_ray.config import ConfigError, load_config, resolve_path
+    from canopy_ray.data.records import ConvertError
+    from canopy_ray.data.sets import prepare_shared
+
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        dirs = prepare_shared(args.shared_data, args.work_dir, args.sets)
+    except (ConfigError, ConvertError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    adapter = None if args.frozen else (args.adapter or resolve_path(cfg.models.adapter))
+    report = run(cfg, dirs, None if args.split == "all" else args.split, args.out, adapter, args.cache)
+    print(to_markdown(report))
+    print(f"wrote {args.out}/refinement.md, refinement.json, refinement_by_depth.png")
+    return 0

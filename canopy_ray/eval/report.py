@@ -25,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
+from canopy_ray.core.files import write_text
 from canopy_ray.eval.methods import METHODS
 from canopy_ray.eval.runs import STAGES, paired_differences
 
@@ -237,7 +238,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
              "share of gold leaves kept; reader tokens: words and punctuation of the reader's evidence.", ""]
     lines += ablation_markdown(runs) + sweep_markdown(runs)
     paths = {"markdown": out / "results.md"}
-    paths["markdown"].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text(paths["markdown"], "\n".join(lines) + "\n")
     for name, fn in (("quality_vs_tokens", plot_quality_vs_tokens), ("tokens_by_b", plot_tokens_by_b)):
         p = fn(runs, out / f"{name}.png")
         if p is not None:

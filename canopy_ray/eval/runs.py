@@ -32,7 +32,6 @@ import asyncio
 import hashlib
 import json
 import math
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from typing import Iterable, Mapping, Sequence
 from canopy_ray.compressor import Compressor
 from canopy_ray.core.evidence import TokenCounter, count_words
 from canopy_ray.core.items import Item, Question, iter_jsonl, parse_question
+from canopy_ray.core.splits import sample_questions, split_of
 from canopy_ray.core.metrics import answer_recall, bootstrap_ci, covered, exact_match, f1_score, paired_difference_ci
 from canopy_ray.eval.cache import CachingEncoder
 from canopy_ray.eval.methods import Method
@@ -74,13 +74,6 @@ class EvalSet:
         return hashlib.sha1("\n".join(q.id for q in self.questions).encode()).hexdigest()[:12]
 
 
-def sample_questions(questions: Sequence[Question], n: int | None = None, seed: int = 0) -> list[Question]:
-    """A fixed sample: questions ordered by a hash of ``seed:id`` (independent of file order
-    and of the other questions), the first ``n`` taken; ``n=None`` keeps all, in that order."""
-    order = sorted(questions, key=lambda q: hashlib.sha1(f"{seed}:{q.id}".encode()).hexdigest())
-    return order if n is None else order[:n]
-
-
 def _read_jsonl(path: str | Path, parse) -> tuple[list, Counter]:
     good, bad = [], Counter()
     with open(path, encoding="utf-8") as f:
@@ -98,7 +91,7 @@ def load_eval_set(name: str, questions_path: str | Path, corpus_path: str | Path
     """Read a canonical questions file, draw the sample and (given setting) load the candidates.
 
     ``split`` (train/validation/test) keeps only that split of
-    :func:`canopy_ray.train.instances.split_of`, so evaluation can avoid training questions.
+    :func:`canopy_ray.core.splits.split_of`, so evaluation can avoid training questions.
     Given setting: questions without candidates are skipped (``no_candidates``).
     """
     if setting not in SETTINGS:
@@ -106,8 +99,6 @@ def load_eval_set(name: str, questions_path: str | Path, corpus_path: str | Path
     questions, skipped = _read_jsonl(questions_path, parse_question)
     skipped = Counter({f"question_{k}": v for k, v in skipped.items()})
     if split:
-        from canopy_ray.train.instances import split_of
-
         questions = [q for q in questions if split_of(name, q.id) == split]
     if setting == "given":
         skipped["no_candidates"] += sum(not q.candidates for q in questions)
@@ -255,25 +246,6 @@ class SkipReader:
         return await self.client.achat(messages, response_format=response_format, max_tokens=max_tokens)
 
 
-class FrozenNodes:
-    """An encoder whose node vectors come from f0 (the adapter off): ``encode_items`` is f0 over
-    pieces, so the ``frozen`` method needs no second copy of the model."""
-
-    adapter_id = "frozen"
-
-    def __init__(self, encoder):
-        self.inner, self.dim, self.model_id = encoder, encoder.dim, encoder.model_id
-
-    def encode_queries(self, texts):
-        return self.inner.encode_queries(texts)
-
-    def encode_items(self, items):
-        return self.inner.encode_items(items)
-
-    def encode_nodes(self, nodes):
-        return self.inner.encode_items(nodes)
-
-
 class Runner:
     """Models loaded once (encoder, chat client, optional index); runs methods over question sets.
 
@@ -282,14 +254,13 @@ class Runner:
     """
 
     def __init__(self, cfg, client, *, encoder=None, index=None, count_tokens: TokenCounter = count_words):
-        if encoder is None:
-            from canopy_ray.models.encoder import build_encoder
+        from canopy_ray.models.encoder import build_encoder, frozen_nodes
 
-            encoder = build_encoder(cfg.models)
+        encoder = encoder or build_encoder(cfg.models)
         self.cfg, self.client, self.index, self.count_tokens = cfg, client, index, count_tokens
         self.encoder = CachingEncoder(encoder)
-        self.frozen_encoder = (self.encoder if encoder.adapter_id == "frozen"
-                               else CachingEncoder(FrozenNodes(encoder)))
+        frozen = frozen_nodes(encoder)
+        self.frozen_encoder = self.encoder if frozen is encoder else CachingEncoder(frozen)
         self._compressors: dict = {}
 
     def compressor(self, frozen: bool, index=None) -> Compressor:
@@ -369,15 +340,6 @@ def run_spec(eval_set: EvalSet, method: Method, settings: Settings, setting: str
             "flat_m": settings.flat_m, "reader_token_cap": settings.reader_token_cap,
             "classify_tables": settings.classify_tables, "node_adapter": adapter_id, "llm_model": llm_model,
             "n_questions": len(eval_set.questions), "question_ids": eval_set.ids_digest}
-
-
-def write_json(path: str | Path, obj) -> None:
-    """Atomically (temporary file + rename), so a killed run never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def comparison(runs: Mapping[str, dict], baseline: str = "canopy", metrics: Sequence[str] = METRICS) -> dict:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import itertools
 import json
 import sys
@@ -37,17 +36,15 @@ from pathlib import Path
 from typing import Callable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from canopy_ray.config import Section
+from canopy_ray.core.files import digest, write_json
 from canopy_ray.eval.methods import METHODS, get_method
-from canopy_ray.eval.runs import SETTINGS, write_json
+from canopy_ray.eval.runs import SETTINGS
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DatasetSpec(_Section):
+class DatasetSpec(Section):
     """Canonical files (``questions`` + ``corpus``), or a raw shared file converted on first use
     (``format`` + ``raw``); ``index`` for the open setting."""
 
@@ -65,7 +62,7 @@ class DatasetSpec(_Section):
         return self
 
 
-class GridSpec(_Section):
+class GridSpec(Section):
     methods: list[str] = ["canopy", "vanilla"]
     k: list[int] = [5, 10, 20]
     branching: list[int] = [2, 3, 4]
@@ -73,20 +70,20 @@ class GridSpec(_Section):
     reader: bool = Field(True, description="False: skip the reader (reader-independent metrics only)")
 
 
-class AblationSpec(_Section):
+class AblationSpec(Section):
     methods: list[str] = list(METHODS)
     k: int = 10
     branching: int = 2
     questions: int | None = Field(None, ge=1)
 
 
-class PoolSpec(_Section):
+class PoolSpec(Section):
     min_actors: int = Field(1, ge=1)
     max_actors: int = Field(2, ge=1)
     cpus_per_actor: float = Field(1.0, gt=0)
 
 
-class SweepSpec(_Section):
+class SweepSpec(Section):
     config: str = "configs/cpu.yaml"
     setting: Literal["given", "open"] = "given"
     questions: int | None = Field(40, ge=1, description="questions per data set (fixed sample)")
@@ -186,10 +183,6 @@ def prepare_datasets(spec: SweepSpec, root: Path = Path(".")) -> dict[str, dict]
             out[name] = {"questions": str(target / "questions.jsonl"), "corpus": str(target / "corpus.jsonl")}
         out[name]["index"] = str(root / d.index) if d.index else None
     return out
-
-
-def _digest(obj) -> str:
-    return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _same_point(path: Path, point: dict) -> bool:
@@ -302,7 +295,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, root: str | Path = ".", c
     root, out_dir = Path(root), Path(out_dir)
     cfg = load_config(root / spec.config)
     cfg_data = cfg.model_dump()
-    points = expand(spec, _digest(cfg_data))
+    points = expand(spec, digest(cfg_data, 12))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "sweep.json", {"spec": spec.model_dump(), "config": cfg_data, "points": len(points)})
     done = [p for p in points if _same_point(out_dir / "points" / f"{point_key(p)}.json", p)]

@@ -1,14 +1,16 @@
 """The unified item index (FAISS shards, exact merged top-k) and the cached node embeddings.
 
+- ``manifest``: the on-disk layout and ``manifest.json`` (written and read only there);
+- ``ingest``: split, validate and embed corpus items (the per-item work, independent of Ray);
+- ``job``: the Ray Data index job (plan, embed, build), resumable;
 - ``shards``: ``ShardedIndex`` (``sq_fp16`` or ``flat`` inner-product shards), tested against
-  one ``IndexFlatIP`` (``tests/index/test_shards.py``).
-- ``node_store``: fp16 node vectors keyed by item id, memory-mapped, with on-the-fly fallback
-  (``tests/index/test_node_store.py``).
-- ``reader``: ``load_index(dir)`` opens what ``canopy_ray.indexer.run_index`` wrote.
+  one ``IndexFlatIP`` (``tests/index/test_shards.py``);
+- ``node_store``: fp16 node vectors keyed by item id, memory-mapped;
+- ``reader``: ``load_index(dir)`` opens what the job wrote.
 """
 
 from canopy_ray.index.node_store import NodeStore
-from canopy_ray.index.reader import CanopyIndex, load_index
+from canopy_ray.index.reader import CanopyIndex, load_index, load_shard
 from canopy_ray.index.shards import ShardedIndex, merge_topk
 
-__all__ = ["CanopyIndex", "NodeStore", "ShardedIndex", "load_index", "merge_topk"]
+__all__ = ["CanopyIndex", "NodeStore", "ShardedIndex", "load_index", "load_shard", "merge_topk"]

@@ -12,7 +12,6 @@ item with f0; the Ray Data actors and the plain benchmark loop call the same cod
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 from pathlib import Path
 from typing import Iterator
@@ -20,6 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from canopy_ray.core.errors import ItemError
+from canopy_ray.core.files import atomic_path
 from canopy_ray.core.evidence import piece
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import ImageItem, VideoItem, item_to_dict, parse_item
@@ -59,16 +59,6 @@ def iter_raw(files: list[Path]) -> Iterator[tuple[str, int, str]]:
                     yield f.name, n, line.rstrip("\n")
 
 
-def fingerprint(files: list[Path]) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 def split_corpus(files: list[Path], inputs_dir: Path, shard_items: int) -> list[int]:
     """Write ``inputs_dir/shard-NNNNN.parquet`` (shard, row, file, line, raw); return rows per shard.
 
@@ -90,8 +80,8 @@ def split_corpus(files: list[Path], inputs_dir: Path, shard_items: int) -> list[
                           "line": pa.array([b[1] for b in buf], pa.int64()),
                           "raw": pa.array([b[2] for b in buf], pa.string())})
         path = inputs_dir / f"shard-{k:05d}.parquet"
-        pq.write_table(table, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp)
         counts.append(len(buf))
         buf.clear()
 

@@ -7,21 +7,18 @@ item (pre-order, as ``ItemTree.nodes()`` lists them) beside the index:
 - ``node_spans.npy`` (N, 2) int32 leaf spans ``[start, end)``;
 - ``node_items.parquet``: ``item_id, offset, count`` (rows of the two arrays per item).
 
-Online, ``NodeStore.vectors(tree, spans, encoder)`` is a lookup; spans that are not cached
-(an item indexed after the store was built, another branching factor) or a store written
-by another node encoder (its ``adapter_id`` differs from the encoder's) fall back to
-encoding on the fly, and ``stats`` counts hits and misses.
+Online, :class:`canopy_ray.compressor.Compressor` looks each item up (``lookup``) when the
+store was written by its node encoder (``usable_for``: same ``adapter_id`` and model) and
+encodes only the spans the store does not hold (another branching factor, say).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
-
 import numpy as np
 
-from canopy_ray.core.evidence import piece
-from canopy_ray.core.hierarchy import ItemTree, Span
+from canopy_ray.core.files import atomic_path
+from canopy_ray.core.hierarchy import Span
 
 VECTORS, SPANS, ITEMS = "nodes.f16.npy", "node_spans.npy", "node_items.parquet"
 
@@ -64,9 +61,8 @@ class NodeStoreWriter:
         self._span_tmp.replace(self.out_dir / SPANS)
         table = pa.table({"item_id": self.item_ids, "offset": pa.array(self.offsets, pa.int64()),
                           "count": pa.array(self.counts, pa.int32())})
-        tmp = self.out_dir / (ITEMS + ".tmp")
-        pq.write_table(table, tmp)
-        tmp.replace(self.out_dir / ITEMS)
+        with atomic_path(self.out_dir / ITEMS) as tmp:
+            pq.write_table(table, tmp)
         return {"vectors": VECTORS, "spans": SPANS, "items": ITEMS, "nodes": self.at,
                 "dtype": "float16"}
 
@@ -78,7 +74,6 @@ class NodeStore:
                  adapter_id: str | None, model_id: str | None = None):
         self._vectors, self._spans, self._rows = vectors, spans, rows
         self.adapter_id, self.model_id = adapter_id, model_id
-        self.stats = {"hits": 0, "misses": 0}
 
     @classmethod
     def empty(cls) -> "NodeStore":
@@ -124,22 +119,3 @@ class NodeStore:
         if getattr(encoder, "adapter_id", None) != self.adapter_id:
             return False
         return self.model_id is None or getattr(encoder, "model_id", self.model_id) == self.model_id
-
-    def vectors(self, tree: ItemTree, spans: Sequence[Span] | None = None, encoder=None) -> np.ndarray:
-        """f_theta vectors (len(spans), dim) float32 for the tree's nodes (all of them by default).
-
-        Cached vectors are used when the store matches ``encoder``; the rest are encoded with
-        ``encoder`` (a miss without an encoder is an error).
-        """
-        spans = [n.span for n in tree.nodes()] if spans is None else [tuple(s) for s in spans]
-        cached = self.lookup(tree.item.id) if self.usable_for(encoder) else None
-        cached = cached or {}
-        missing = [s for s in spans if s not in cached]
-        self.stats["hits"] += len(spans) - len(missing)
-        self.stats["misses"] += len(missing)
-        if missing:
-            if encoder is None:
-                raise KeyError(f"item {tree.item.id!r}: {len(missing)} nodes not cached and no encoder given")
-            fresh = encoder.encode_nodes([piece(tree, [s]) for s in missing])
-            cached = {**cached, **dict(zip(missing, fresh))}
-        return np.stack([np.asarray(cached[s], np.float32) for s in spans])

@@ -1,19 +1,10 @@
-"""An index directory as the online pipeline sees it: manifest, FAISS shards, items, nodes.
+"""An index directory as the online pipeline sees it: FAISS shards, items, cached nodes.
 
-Layout written by ``canopy_ray.indexer.run_index``::
-
-    DIR/manifest.json         model id, dim, count, adapter id, index type, checksums
-    DIR/shard-000.faiss ...   FAISS shards (rows in item-table order)
-    DIR/items.parquet         the item table: id, modality, canonical item JSON
-    DIR/nodes.f16.npy, node_spans.npy, node_items.parquet   the node store
-    DIR/summary.json, report.json, skipped.jsonl             what the job did and skipped
-
-``manifest.json`` is written last, so its presence means the index is complete.
+The layout and the manifest belong to :mod:`canopy_ray.index.manifest`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Sequence
@@ -21,22 +12,9 @@ from typing import Sequence
 import numpy as np
 
 from canopy_ray.core.items import Item, parse_item
+from canopy_ray.index.manifest import ITEMS, read_manifest
 from canopy_ray.index.node_store import NodeStore
-from canopy_ray.index.shards import ShardedIndex, file_sha256
-
-MANIFEST = "manifest.json"
-ITEMS = "items.parquet"
-FORMAT = "canopy-index/1"
-
-
-def index_checksum(entries: Sequence[dict], extra_files: Sequence[Path]) -> str:
-    """One checksum over the shard checksums and the item/node files."""
-    h = hashlib.sha256()
-    for e in entries:
-        h.update(e["sha256"].encode())
-    for path in extra_files:
-        h.update(file_sha256(path).encode())
-    return h.hexdigest()
+from canopy_ray.index.shards import ShardedIndex
 
 
 class CanopyIndex:
@@ -78,15 +56,16 @@ def load_index(root: str | Path, verify: bool = True, mmap: bool = True) -> Cano
     import pyarrow.parquet as pq
 
     root = Path(root)
-    path = root / MANIFEST
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: not an index directory, or the job has not finished")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path}: unknown index format {manifest.get('format')!r}")
+    manifest = read_manifest(root)
     shards = ShardedIndex.load(root, manifest["shards"], manifest["index_type"], verify=verify, mmap=mmap)
     if shards.count != manifest["count"]:
-        raise ValueError(f"{path}: shards hold {shards.count} vectors, the manifest says {manifest['count']}")
+        raise ValueError(f"{root}: shards hold {shards.count} vectors, the manifest says {manifest['count']}")
     ids = pq.read_table(root / ITEMS, columns=["id"]).column("id").to_pylist()
     nodes = NodeStore.load(root, manifest["adapter_id"], manifest["model_id"], mmap=mmap)
     return CanopyIndex(root, manifest, shards, ids, nodes)
+
+
+def load_shard(root: str | Path, shard: int, verify: bool = True) -> ShardedIndex:
+    """One FAISS shard of an index (a Serve replica holding one shard); global positions."""
+    manifest = read_manifest(root)
+    return ShardedIndex.load(root, manifest["shards"][shard:shard + 1], manifest["index_type"], verify=verify)

@@ -11,12 +11,13 @@ Tested against one ``IndexFlatIP`` over the same vectors (``tests/index/test_sha
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Sequence
 
 import faiss
 import numpy as np
+
+from canopy_ray.core.files import atomic_path, sha256_file
 
 INDEX_TYPES = ("sq_fp16", "flat")
 
@@ -37,14 +38,6 @@ def shard_bounds(count: int, n_shards: int) -> list[int]:
     for s in range(n_shards):
         bounds.append(bounds[-1] + base + (1 if s < extra else 0))
     return bounds
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def merge_topk(scores: Sequence[np.ndarray], positions: Sequence[np.ndarray], k: int
@@ -127,21 +120,21 @@ class ShardedIndex:
         entries = []
         for s, shard in enumerate(self.shards):
             path = out_dir / f"{prefix}-{s:03d}.faiss"
-            tmp = path.with_suffix(".faiss.tmp")
-            faiss.write_index(shard, str(tmp))
-            tmp.replace(path)
+            with atomic_path(path) as tmp:
+                faiss.write_index(shard, str(tmp))
             entries.append({"file": path.name, "offset": self.offsets[s], "count": int(shard.ntotal),
-                            "sha256": file_sha256(path)})
+                            "sha256": sha256_file(path)})
         return entries
 
     @classmethod
     def load(cls, out_dir: str | Path, entries: Sequence[dict], index_type: str, verify: bool = True,
              mmap: bool = False) -> "ShardedIndex":
+        """Contiguous shards from their manifest entries (all of them, or one: a shard replica)."""
         out_dir = Path(out_dir)
-        shards, offsets = [], [0]
+        shards, offsets = [], [entries[0]["offset"] if entries else 0]
         for e in entries:
             path = out_dir / e["file"]
-            if verify and file_sha256(path) != e["sha256"]:
+            if verify and sha256_file(path) != e["sha256"]:
                 raise ValueError(f"{path} does not match its manifest checksum (changed or truncated)")
             flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
             shard = faiss.read_index(str(path), flags)

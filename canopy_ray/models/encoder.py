@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from canopy_ray.core.evidence import Piece
+from canopy_ray.models.adapters import FROZEN, adapter_id
 
 
 class Encoder(Protocol):
@@ -56,15 +57,15 @@ class TextEncoder:
         from transformers import AutoModel, AutoTokenizer
 
         model_dir = Path(model_dir) if model_dir else packaged_minilm_dir()
-        self.model_id = "all-MiniLM-L6-v2" if model_dir == packaged_minilm_dir() else str(model_dir)
+        # the name the index manifest records (canopy_ray.index.job.model_id), so its node store matches
+        self.model_id = "all-MiniLM-L6-v2" if model_dir == packaged_minilm_dir() else model_dir.name
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         model = AutoModel.from_pretrained(model_dir, local_files_only=True)
-        self.adapter_id = "frozen"
         if adapter:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, str(adapter), is_trainable=False)
-            self.adapter_id = adapter_fingerprint(adapter)
+        self.adapter_id = adapter_id(adapter)
         self.model = model.to(device).eval()
         self.has_adapter = bool(adapter)
         self.dim = int(model.config.hidden_size)
@@ -104,11 +105,38 @@ class TextEncoder:
         return self._encode([n.text for n in nodes], use_adapter=True)
 
 
-def build_encoder(models_cfg, device: str | None = None) -> Encoder:
+class FrozenNodes:
+    """f0 as the node encoder: ``encode_nodes`` runs without the adapter (the ``frozen``
+    node encoder of evaluation and of ``/v1/compress``), so it needs no second model copy."""
+
+    adapter_id = FROZEN
+
+    def __init__(self, encoder: Encoder):
+        self.inner, self.dim, self.model_id = encoder, encoder.dim, encoder.model_id
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self.inner.encode_queries(texts)
+
+    def encode_items(self, items: Sequence[Piece]) -> np.ndarray:
+        return self.inner.encode_items(items)
+
+    def encode_nodes(self, nodes: Sequence[Piece]) -> np.ndarray:
+        return self.inner.encode_items(nodes)
+
+
+def frozen_nodes(encoder: Encoder) -> Encoder:
+    """``encoder`` itself when it has no adapter, else f0 over its weights."""
+    return encoder if encoder.adapter_id == FROZEN else FrozenNodes(encoder)
+
+
+def build_encoder(models_cfg, device: str | None = None, adapter: bool = True) -> Encoder:
     """The encoder a ``ModelsConfig`` names: ``minilm`` (CPU default) or ``qwen3-vl`` (GPU).
 
-    ``device`` overrides ``models_cfg.device`` (an actor given no GPU falls back to CPU).
+    ``device`` overrides ``models_cfg.device`` (an actor given no GPU falls back to CPU);
+    ``adapter=False`` loads f0 alone (a query encoder needs no adapter).
     """
+    if not adapter:
+        models_cfg = models_cfg.model_copy(update={"adapter": None})
     device = device or models_cfg.device
     if models_cfg.encoder == "minilm":
         return TextEncoder(models_cfg.encoder_path, models_cfg.adapter, models_cfg.max_length,
@@ -120,11 +148,3 @@ def build_encoder(models_cfg, device: str | None = None) -> Encoder:
                               max_length=models_cfg.max_length, batch_size=models_cfg.batch_size,
                               device=device)
     raise ValueError(f"unknown encoder {models_cfg.encoder!r}")
-
-
-def adapter_fingerprint(adapter_dir: str | Path) -> str:
-    """A short content hash of the adapter weights, recorded in index manifests."""
-    import hashlib
-
-    path = Path(adapter_dir) / "adapter_model.safetensors"
-    return "lora-" + hashlib.sha256(path.read_bytes()).hexdigest()[:16]

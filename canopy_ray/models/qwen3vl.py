@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from canopy_ray.core.evidence import Piece
+from canopy_ray.models.adapters import adapter_id
 
 DOC_INSTRUCTION = "Represent the user's input."
 QUERY_INSTRUCTION = "Retrieve text, tables, images or video segments that help answer the question."
@@ -94,15 +95,12 @@ class Qwen3VLEncoder:
         model = Qwen3VLModel.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
         self.base = model
         self.model_id = model_dir.name
-        self.adapter_id = "frozen"
+        self.adapter_id = adapter_id(adapter)
         self.has_adapter = bool(adapter)
         if adapter:
             from peft import PeftModel
 
-            from canopy_ray.models.encoder import adapter_fingerprint
-
             model = PeftModel.from_pretrained(model, str(adapter), is_trainable=False)
-            self.adapter_id = adapter_fingerprint(adapter)
         self.model = model.to(device).eval()
         cfg = self.base.config
         self.dim = int(cfg.text_config.hidden_size)

@@ -44,16 +44,12 @@ def graph(cfg: CanopyConfig):
     refiner = Refiner.options(ray_actor_options=cpus).bind(cfg, node_encoder)
     searchers = None
     if cfg.serve.index_dir and cfg.serve.shard_replicas:  # one replica holds one shard
-        n = len(_manifest(cfg.serve.index_dir)["shards"])
+        from canopy_ray.index.manifest import read_manifest
+
+        n = len(read_manifest(cfg.serve.index_dir)["shards"])
         searchers = [ShardSearcher.options(name=f"ShardSearcher{s}", ray_actor_options=cpus)
                      .bind(cfg.serve.index_dir, s) for s in range(n)]
     retriever = Retriever.options(ray_actor_options=cpus).bind(cfg.serve.index_dir, searchers)
     llm = LLMServer.options(ray_actor_options=cpus).bind(cfg) if cfg.llm.backend == "local" else None
     return Ingress.options(ray_actor_options=cpus).bind(cfg, query_encoder, refiner, retriever, llm)
 
-
-def _manifest(index_dir: str) -> dict:
-    import json
-    from pathlib import Path
-
-    return json.loads((Path(index_dir) / "manifest.json").read_text())

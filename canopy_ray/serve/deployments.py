@@ -14,17 +14,10 @@ from typing import Sequence
 import numpy as np
 from ray import serve
 
-from canopy_ray.compressor import Compressor, ItemResult
+from canopy_ray.compressor import CompressOptions, Compressor, ItemResult
 from canopy_ray.config import CanopyConfig
 from canopy_ray.core.evidence import Piece
 from canopy_ray.core.items import Item
-
-
-def _encoder(cfg: CanopyConfig, adapter: bool):
-    from canopy_ray.models.encoder import build_encoder
-
-    models = cfg.models if adapter else cfg.models.model_copy(update={"adapter": None})
-    return build_encoder(models)
 
 
 @serve.deployment
@@ -32,7 +25,9 @@ class QueryEncoder:
     """f0 over query strings; concurrent requests are batched with ``@serve.batch``."""
 
     def __init__(self, cfg: CanopyConfig):
-        self.encoder = _encoder(cfg, adapter=False)
+        from canopy_ray.models.encoder import build_encoder
+
+        self.encoder = build_encoder(cfg.models, adapter=False)
         self.encode.set_max_batch_size(cfg.serve.query_batch_size)
         self.encode.set_batch_wait_timeout_s(cfg.serve.batch_wait_s)
 
@@ -57,28 +52,28 @@ class NodeEncoder:
     item set's nodes; ``@serve.batch`` merges concurrent requests into one forward pass."""
 
     def __init__(self, cfg: CanopyConfig):
-        self.encoder = _encoder(cfg, adapter=True)
+        from canopy_ray.models.encoder import build_encoder, frozen_nodes
+
+        self.tuned = build_encoder(cfg.models)
+        self.frozen = frozen_nodes(self.tuned)
         for method in (self.encode_tuned, self.encode_frozen):
             method.set_max_batch_size(cfg.serve.node_batch_size)
             method.set_batch_wait_timeout_s(cfg.serve.batch_wait_s)
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
     async def encode_tuned(self, requests: list[list[Piece]]) -> list[np.ndarray]:
-        return _flatten_encode(self.encoder.encode_nodes, requests)
+        return _flatten_encode(self.tuned.encode_nodes, requests)
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
     async def encode_frozen(self, requests: list[list[Piece]]) -> list[np.ndarray]:
-        return _flatten_encode(self.encoder.encode_items, requests)  # f0 over piece text
+        return _flatten_encode(self.frozen.encode_nodes, requests)
 
-    def identity(self) -> dict:
-        return {"adapter_id": self.encoder.adapter_id, "model_id": getattr(self.encoder, "model_id", None)}
+    def identities(self) -> dict:
+        """Per node encoder (``tuned``, ``frozen``), what a node store checks its vectors against."""
+        from canopy_ray.models.adapters import EncoderIdentity
 
-
-class _EncoderInfo:
-    """What a node store checks to decide whether its vectors fit an encoder."""
-
-    def __init__(self, adapter_id: str, model_id: str | None):
-        self.adapter_id, self.model_id = adapter_id, model_id
+        return {name: EncoderIdentity(enc.model_id, enc.adapter_id)
+                for name, enc in (("tuned", self.tuned), ("frozen", self.frozen))}
 
 
 @serve.deployment
@@ -95,31 +90,24 @@ class Refiner:
             self.store = load_index(cfg.serve.index_dir, verify=False).nodes
         self.compressors: dict | None = None
 
-    async def _compressor(self, node_encoder: str, use_store: bool) -> Compressor:
+    async def _compressor(self, opts: CompressOptions) -> Compressor:
         if self.compressors is None:  # the node store checks vectors against the encoder's identity
-            ident = await self.node_encoder.identity.remote()
-            encoders = {"tuned": _EncoderInfo(ident["adapter_id"], ident["model_id"]),
-                        "frozen": _EncoderInfo("frozen", ident["model_id"])}
+            identities = await self.node_encoder.identities.remote()
             self.compressors = {(name, store): Compressor.from_config(
-                self.cfg, enc, node_store=self.store if store else None)
-                for name, enc in encoders.items() for store in (True, False)}
-        return self.compressors[(node_encoder, use_store)]
+                self.cfg, ident, node_store=self.store if store else None)
+                for name, ident in identities.items() for store in (True, False)}
+        return self.compressors[(opts.node_encoder, opts.use_store)]
 
-    async def compress(self, query_vec: np.ndarray, items: Sequence[Item], branching: int | None = None,
-                       whole: frozenset[str] = frozenset(), mode: str = "canopy", flat_m: int = 5,
-                       round: int = 1, node_encoder: str = "tuned", use_store: bool = False) -> list[ItemResult]:
-        comp = await self._compressor(node_encoder, use_store)
-        method = self.node_encoder.encode_tuned if node_encoder == "tuned" else self.node_encoder.encode_frozen
+    async def compress(self, query_vec: np.ndarray, items: Sequence[Item],
+                       opts: CompressOptions = CompressOptions()) -> list[ItemResult]:
+        comp = await self._compressor(opts)
+        method = self.node_encoder.encode_tuned if opts.node_encoder == "tuned" else self.node_encoder.encode_frozen
 
         async def encode(pieces):
             return await method.remote(list(pieces))
 
-        trees = comp.trees(items, branching, whole, mode)
-        vecs = await comp.anode_vectors(trees, encode)
-        return comp.finish(query_vec, trees, vecs, mode, flat_m, round)
-
-    def stats(self) -> dict:
-        return {f"{enc}{'+store' if store else ''}": c.stats for (enc, store), c in (self.compressors or {}).items()}
+        trees = comp.trees(items, opts)
+        return comp.finish(query_vec, trees, await comp.anode_vectors(trees, encode), opts)
 
 
 @serve.deployment
@@ -127,17 +115,9 @@ class ShardSearcher:
     """One FAISS shard of the index; returns global positions."""
 
     def __init__(self, index_dir: str, shard: int):
-        import json
-        from pathlib import Path
+        from canopy_ray.index import load_shard
 
-        import faiss
-
-        from canopy_ray.index.shards import ShardedIndex
-
-        manifest = json.loads((Path(index_dir) / "manifest.json").read_text())
-        entry = manifest["shards"][shard]
-        index = faiss.read_index(str(Path(index_dir) / entry["file"]))
-        self.index = ShardedIndex([index], [entry["offset"], entry["offset"] + index.ntotal], manifest["index_type"])
+        self.index = load_shard(index_dir, shard, verify=True)
 
     def search(self, query_vec: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.index.search(query_vec[None, :], k)
@@ -195,5 +175,3 @@ class LLMServer:
         except LLMRequestError as e:
             return e.status, error_body(e)
 
-    def count_tokens(self, text: str) -> int:
-        return self.backend.count_tokens(text)

@@ -8,6 +8,7 @@ with ``{"error": {"reason", "message", ...}}``; nothing a request holds can stop
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from ray import serve
 
+from canopy_ray.compressor import CompressOptions
 from canopy_ray.config import CanopyConfig
 from canopy_ray.core.errors import ItemError
 from canopy_ray.core.evidence import count_words
@@ -78,9 +80,9 @@ class ServeBackends:
     async def fetch(self, item_ids):
         return await self.retriever.fetch.remote(list(item_ids))
 
-    async def compress(self, query_vec, items, branching, whole, mode, flat_m, round):
-        return await self.refiner.compress.remote(query_vec, list(items), branching, whole, mode, flat_m, round,
-                                                  "tuned", True)
+    async def compress(self, query_vec, items, opts: CompressOptions):
+        # items of /v1/answer come from the index, so its cached node vectors apply
+        return await self.refiner.compress.remote(query_vec, list(items), replace(opts, use_store=True))
 
     async def llm(self, call):
         return await arun_role(self.client, call)
@@ -96,14 +98,6 @@ def _check_media(item: Item, root: Path | None, index: int) -> None:
     if not path.is_relative_to(root):
         raise ApiError(403, "path_outside_media_root", f"item {index}: media path escapes the media root",
                        item=index)
-
-
-def _result_json(r, explain: bool) -> dict:
-    out = {"id": r.id, "modality": r.tree.item.modality, "kept": [list(s) for s in r.kept],
-           "tokens_before": r.tokens_before, "tokens_after": r.tokens_after, "evidence": r.evidence.text}
-    if explain:
-        out["nodes"] = r.nodes()
-    return out
 
 
 @serve.deployment
@@ -168,10 +162,10 @@ class Ingress:
         t0 = time.perf_counter()
         qvec = await self.query_encoder.encode.remote(req.query)
         t1 = time.perf_counter()
-        results = await self.refiner.compress.remote(qvec, items, req.branching, frozenset(), "canopy", 5, 1,
-                                                     req.node_encoder, False)
+        opts = CompressOptions(branching=req.branching, node_encoder=req.node_encoder)
+        results = await self.refiner.compress.remote(qvec, items, opts)
         t2 = time.perf_counter()
-        out = [_result_json(r, req.explain) for r in results]
+        out = [r.to_dict(req.explain) for r in results]
         return {"items": out, "tokens_before": sum(r["tokens_before"] for r in out),
                 "tokens_after": sum(r["tokens_after"] for r in out), "node_encoder": req.node_encoder,
                 "timings": {"encode_query": t1 - t0, "compress": t2 - t1}}
@@ -187,7 +181,7 @@ class Ingress:
         ans = await pipeline.answer(req.question, k=req.k, rounds=req.rounds, branching=req.branching, mode=req.mode)
         out = ans.to_dict()
         if req.explain:
-            out["items"] = [_result_json(r, True) for r in ans.results]
+            out["items"] = [r.to_dict(explain=True) for r in ans.results]
         return out
 
     @api.post("/v1/chat/completions")

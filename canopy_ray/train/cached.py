@@ -17,13 +17,13 @@ mean pooling ignores padded positions.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
+
+from canopy_ray.core.files import atomic_path, digest
 
 
 def bert_of(model):
@@ -124,17 +124,19 @@ def cache_bottom(model, tokenizer, texts: Sequence[str], n_bottom: int, max_leng
                  cache_dir: str | Path, tag: str = "", batch_size: int = 64) -> tuple[Path, Path]:
     """Compute (or reuse) the bottom states of ``texts`` as ``.npy`` files in ``cache_dir``,
     keyed by a hash of ``tag`` (the encoder), ``n_bottom``, ``max_length`` and the texts.
-    Returns ``(states_path, offsets_path)``; load them with ``np.load(..., mmap_mode="r")``."""
-    key = hashlib.sha1(json.dumps([tag, n_bottom, max_length, list(texts)]).encode()).hexdigest()[:16]
+    Returns ``(states_path, offsets_path)``; load them with ``np.load(..., mmap_mode="r")``.
+
+    Each file is written atomically, the offsets first: a states file means both are complete.
+    """
+    key = digest([tag, n_bottom, max_length, list(texts)])
     d = Path(cache_dir)
     sp, op = d / f"bottom-{key}-states.npy", d / f"bottom-{key}-offsets.npy"
     if sp.is_file() and op.is_file():
         return sp, op
     states, offsets = bottom_states(model, tokenizer, texts, n_bottom, max_length, batch_size)
-    d.mkdir(parents=True, exist_ok=True)
-    np.save(sp.with_suffix(".tmp.npy"), states)
-    np.save(op, offsets)
-    sp.with_suffix(".tmp.npy").rename(sp)
+    for path, arr in ((op, offsets), (sp, states)):
+        with atomic_path(path) as tmp:
+            np.save(tmp, arr)
     return sp, op
 
 

@@ -1,8 +1,9 @@
 import json
 import re
 
-from canopy_ray.data.convert import convert_records, read_records
+from canopy_ray.data.convert import convert_records
 from canopy_ray.data.hotpotqa import paragraph_id
+from canopy_ray.data.records import read_records
 from tests.data._support import FIXTURES, assert_canonical
 
 BETA = ["Beta Town is a small port on Lake Orin.", " It was founded in 1820 by fishermen."]

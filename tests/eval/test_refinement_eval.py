@@ -8,7 +8,7 @@ from canopy_ray.core.evidence import node_text
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import Gold, Question, TextItem
 from canopy_ray.eval.refinement import evaluate, plot_by_depth, to_markdown, truncate
-from canopy_ray.train.instances import GoldItem
+from canopy_ray.core.splits import GoldItem
 
 # 4 sentences of 2, 3, 1, 4 words (3, 4, 2, 5 tokens with the final stops); gold {0, 1}.
 ITEM = TextItem("i", "T", ("a b.", "c d e.", "f.", "g h i j."))

@@ -4,7 +4,8 @@ differences, latency, sweep) and two PNG plots."""
 import json
 
 from canopy_ray.eval.report import main, write_report
-from canopy_ray.eval.runs import aggregate, write_json
+from canopy_ray.core.files import write_json
+from canopy_ray.eval.runs import aggregate
 
 
 def _run(method, k, b, f1s, tokens, roles=None):

@@ -12,8 +12,8 @@ from canopy_ray.core.items import Gold, Question
 from canopy_ray.core.metrics import bootstrap_ci, paired_difference_ci
 from canopy_ray.eval.cache import CachedChatClient
 from canopy_ray.eval.methods import METHODS, parse_methods
-from canopy_ray.eval.runs import (METRICS, Runner, aggregate, gold_recalls, load_eval_set, paired_differences,
-                                  sample_questions)
+from canopy_ray.core.splits import sample_questions
+from canopy_ray.eval.runs import METRICS, Runner, aggregate, gold_recalls, load_eval_set, paired_differences
 from canopy_ray.pipeline import Settings
 from tests.eval.conftest import CORPUS, QUESTIONS
 from tests.eval.scripted import ScriptedClient

@@ -14,7 +14,8 @@ import pytest
 from canopy_ray.config import load_config
 from canopy_ray.core.evidence import piece
 from canopy_ray.index import load_index
-from canopy_ray.indexer import IndexJobError, SimulatedCrash, run_index
+from canopy_ray.index.job import IndexJobError, SimulatedCrash
+from canopy_ray.indexer import run_index
 
 pytestmark = pytest.mark.integration
 
@@ -67,8 +68,9 @@ def test_index_holds_every_valid_item_once_and_searches(full_run):
 
     for item_id in ("t6", "tab0", "vid0"):
         tree = build_tree(index.item(item_id))
-        cached = index.nodes.vectors(tree, encoder=enc)
-        index.nodes.stats["hits"] = 0
+        assert index.nodes.usable_for(enc)
+        cached = index.nodes.lookup(item_id)
+        cached = np.stack([cached[n.span] for n in tree.nodes()])
         fresh = enc.encode_nodes([piece(tree, [n.span])
                                   for n in tree.nodes()])
         np.testing.assert_allclose(cached, fresh, atol=2e-3)

@@ -52,12 +52,19 @@ def test_lookup_is_memory_mapped_and_fp16(store_dir):
     assert set(cached) == {n.span for n in tree("a", 5).nodes()}
 
 
+def compressor(store, enc):
+    from canopy_ray.compressor import Compressor
+
+    return Compressor(enc, node_store=store)
+
+
 def test_cached_vectors_match_fresh_encoding_and_count_hits(store_dir):
     store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
     enc = CountingEncoder()
     t = tree("a", 5)
-    got = store.vectors(t, encoder=enc)
-    assert enc.calls == 0 and store.stats == {"hits": 9, "misses": 0}
+    comp = compressor(store, enc)
+    [got] = comp.node_vectors([t])
+    assert enc.calls == 0 and comp.stats == {"hits": 9, "misses": 0}
     fresh = CountingEncoder().encode_nodes([piece(t, [n.span]) for n in t.nodes()])
     np.testing.assert_allclose(got, fresh, atol=2e-3)  # fp16 storage
 
@@ -65,21 +72,29 @@ def test_cached_vectors_match_fresh_encoding_and_count_hits(store_dir):
 def test_unknown_item_falls_back_to_the_encoder(store_dir):
     store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
     enc = CountingEncoder()
-    got = store.vectors(tree("new", 4), encoder=enc)
-    assert got.shape == (7, 8) and enc.calls == 7 and store.stats["misses"] == 7
-    with pytest.raises(KeyError, match="not cached"):
-        store.vectors(tree("new", 4))
+    comp = compressor(store, enc)
+    [got] = comp.node_vectors([tree("new", 4)])
+    assert got.shape == (7, 8) and enc.calls == 7 and comp.stats["misses"] == 7
+    assert store.lookup("new") is None
 
 
 def test_changed_adapter_falls_back_for_every_node(store_dir):
     store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
     enc = CountingEncoder(adapter_id="lora-0123")
-    store.vectors(tree("a", 5), encoder=enc)
-    assert enc.calls == 9 and store.stats["hits"] == 0
+    assert not store.usable_for(enc) and store.usable_for(CountingEncoder())
+    assert not store.usable_for(CountingEncoder(model_id="other"))
+    comp = compressor(store, enc)
+    comp.node_vectors([tree("a", 5)])
+    assert enc.calls == 9 and comp.stats["hits"] == 0
 
 
-def test_subset_of_spans_and_empty_store(store_dir):
+def test_other_branching_and_empty_store(store_dir):
     store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
-    assert store.vectors(tree("a", 5), spans=[(0, 5), (3, 4)]).shape == (2, 8)
     enc = CountingEncoder()
-    assert NodeStore.empty().vectors(tree("a", 5), encoder=enc).shape == (9, 8) and enc.calls == 9
+    t3 = build_tree(tree("a", 5).item, branching=3)  # root and leaves are cached, (0, 2) is not
+    comp = compressor(store, enc)
+    comp.node_vectors([t3])
+    assert comp.stats["misses"] == sum(n.span not in store.lookup("a") for n in t3.nodes()) > 0
+    enc = CountingEncoder()
+    comp = compressor(NodeStore.empty(), enc)
+    assert comp.node_vectors([tree("a", 5)])[0].shape == (9, 8) and enc.calls == 9

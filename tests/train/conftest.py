@@ -1,5 +1,6 @@
 """A tiny randomly initialised BERT (2 layers, 32 dims) with the packaged MiniLM's
-tokenizer, written once per session as a model directory, and a tiny canonical data set."""
+tokenizer, written once per session as a model directory, a tiny canonical data set, and
+the full-model reference encoder (:func:`encode_full`) the cached path must match."""
 
 from __future__ import annotations
 
@@ -64,3 +65,30 @@ def tiny_data_dir(tmp_path):
     (d / "corpus.jsonl").write_text("".join(json.dumps(i) + "\n" for i in TINY_ITEMS))
     (d / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in tiny_questions()))
     return d
+
+
+def encode_full(model, tokenizer, texts, max_length: int):
+    """The reference f_theta that the cached path and saved adapters must match: the full
+    (PEFT) model's mean-pooled unit vectors, with gradients."""
+    from canopy_ray.models.encoder import mean_pool
+
+    batch = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length,
+                      return_tensors="pt")
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    return mean_pool(out.last_hidden_state, batch["attention_mask"])
+
+
+def tiny_rows(data_dir, model_dir, n: int = 8):
+    """``(texts, f0 query vectors, rows)`` of the first ``n`` tiny instances, each row being
+    ``(query_row, node_rows, pairs)`` as the training loop takes them."""
+    import torch
+
+    from canopy_ray.models.encoder import TextEncoder
+    from canopy_ray.train.instances import build_instances
+
+    insts = build_instances({"tiny": data_dir}, split=None)[:n]
+    queries = sorted({i.query for i in insts})
+    texts = sorted({t for i in insts for t in i.texts})
+    qv = torch.from_numpy(TextEncoder(model_dir).encode_queries(queries))
+    rows = [(queries.index(i.query), tuple(texts.index(t) for t in i.texts), i.pairs) for i in insts]
+    return texts, qv, rows

@@ -8,9 +8,9 @@ import torch
 from canopy_ray.core.evidence import Piece
 from canopy_ray.models.encoder import TextEncoder
 from canopy_ray.train.cached import TopEncoder, bottom_states, cache_bottom, encode_rows
-from canopy_ray.train.instances import build_instances
 from canopy_ray.train.lora import load_base, lora_model, save_adapter
-from canopy_ray.train.loop import cached_loss, encode
+from canopy_ray.train.loop import cached_loss
+from tests.train.conftest import encode_full, tiny_rows
 
 TEXTS = ["Beta was a painter.", "Gamma prices\nyear | price\n2020 | 12",
          "Alpha: Alpha is a river in France. It flows north. Its length is 120 km. Fishing is popular."]
@@ -42,7 +42,7 @@ def test_cached_path_equals_the_full_model_and_the_saved_adapter(tiny_bert_dir, 
     with torch.no_grad():
         cached = encode_rows(top, states, offsets, [2, 0, 1]).numpy()
         chunked = encode_rows(top, states, offsets, [2, 0, 1], batch_size=2).numpy()
-        full = encode(model, tok, [TEXTS[2], TEXTS[0], TEXTS[1]], 16).numpy()
+        full = encode_full(model, tok, [TEXTS[2], TEXTS[0], TEXTS[1]], 16).numpy()
     np.testing.assert_allclose(cached, full, atol=1e-5)
     np.testing.assert_allclose(chunked, full, atol=1e-5)
     # the saved adapter is a standard PEFT adapter that TextEncoder loads unchanged
@@ -63,11 +63,7 @@ def test_cache_files_are_reused(tiny_bert_dir, tmp_path):
 
 
 def test_a_few_cached_steps_reduce_the_loss(tiny_bert_dir, tiny_data_dir):
-    insts = build_instances({"tiny": tiny_data_dir}, split=None)[:8]
-    queries = sorted({i.query for i in insts})
-    texts = sorted({t for i in insts for t in i.texts})
-    qv = torch.from_numpy(TextEncoder(tiny_bert_dir).encode_queries(queries))
-    rows = [(queries.index(i.query), tuple(texts.index(t) for t in i.texts), i.pairs) for i in insts]
+    texts, qv, rows = tiny_rows(tiny_data_dir, tiny_bert_dir)
     torch.manual_seed(0)
     tok, base = load_base(tiny_bert_dir)
     model = lora_model(base, 8, 16, 0.0, 1)

@@ -1,7 +1,8 @@
 from canopy_ray.core.evidence import node_text
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import Gold, Question, TextItem
-from canopy_ray.train.instances import GoldItem, build_instances, instances_for, split_of
+from canopy_ray.core.splits import GoldItem
+from canopy_ray.train.instances import build_instances, instances_for
 
 
 def gold_item(n, leaves, title="T"):
@@ -55,12 +56,3 @@ def test_whole_gold_and_single_leaf_items_give_no_instance(tiny_data_dir):
     assert "q0" not in {i.question_id for i in insts}
     assert {i.question_id for i in insts} == {f"q{k}" for k in range(1, 24)}
     assert instances_for(gold_item(1, {0})) == []
-
-
-def test_split_is_deterministic_and_question_level():
-    names = [split_of("nq", f"id{k}") for k in range(3000)]
-    assert names == [split_of("nq", f"id{k}") for k in range(3000)]
-    shares = {s: names.count(s) / len(names) for s in ("train", "validation", "test")}
-    assert abs(shares["train"] - 0.70) < 0.03 and abs(shares["test"] - 0.15) < 0.03
-    # both HotpotQA files share one split space
-    assert split_of("hotpotqa_dev700", "x") == split_of("hotpotqa_train100", "x")

@@ -3,20 +3,13 @@ import torch
 
 from canopy_ray.core.evidence import Piece
 from canopy_ray.models.encoder import TextEncoder
-from canopy_ray.train.instances import build_instances
 from canopy_ray.train.lora import TARGET_MODULES, load_base, lora_model, save_adapter
-from canopy_ray.train.loop import encode, local_loss
-
-
-def f0_queries(model_dir, texts):
-    return torch.from_numpy(TextEncoder(model_dir).encode_queries(texts))
+from canopy_ray.train.loss import batch_loss
+from tests.train.conftest import encode_full, tiny_rows
 
 
 def test_a_few_steps_reduce_the_loss(tiny_bert_dir, tiny_data_dir):
-    insts = build_instances({"tiny": tiny_data_dir}, split=None)[:8]
-    queries = sorted({i.query for i in insts})
-    qv = f0_queries(tiny_bert_dir, queries)
-    rows = [(queries.index(i.query), i.texts, i.pairs) for i in insts]
+    texts, qv, rows = tiny_rows(tiny_data_dir, tiny_bert_dir)
     torch.manual_seed(0)
     tok, base = load_base(tiny_bert_dir)
     model = lora_model(base, 8, 16, 0.0)
@@ -24,7 +17,7 @@ def test_a_few_steps_reduce_the_loss(tiny_bert_dir, tiny_data_dir):
     model.train()
     losses = []
     for _ in range(6):
-        loss = local_loss(model, tok, qv, rows, list(range(len(rows))), 20.0, 64)
+        loss = batch_loss(qv, encode_full(model, tok, texts, 64), rows, 20.0)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -67,7 +60,7 @@ def test_adapter_round_trips_through_safetensors(tiny_bert_dir, tmp_path):
     texts = ["Beta was a painter.", "Gamma prices\nyear | price\n2020 | 12"]
     model.eval()
     with torch.no_grad():
-        expected = encode(model, tok, texts, 64).numpy()
+        expected = encode_full(model, tok, texts, 64).numpy()
     loaded = TextEncoder(tiny_bert_dir, adapter=out)
     got = loaded.encode_nodes([Piece("", "text", (), t) for t in texts])
     np.testing.assert_allclose(got, expected, atol=1e-5)

@@ -316,10 +316,3 @@ def smollm2_token_counter(cache_dir: str | Path | None = None) -> Callable[[str]
     tok = _tokenizer(str(cache_dir) if cache_dir else None)
     return lambda text: len(tok.encode(text, add_special_tokens=False))
 
-
-def hf_token_counter(path: str | Path) -> Callable[[str], int]:
-    """``count_tokens(text)`` for any local Hugging Face tokenizer folder (e.g. Qwen3-VL's)."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return lambda text: len(tok.encode(text, add_special_tokens=False))

@@ -1,0 +1,334 @@
+"""The index job: corpus -> FAISS shards + cached node embeddings, with Ray Data.
+
+Steps (everything under ``OUT/work`` is resumable state):
+
+1. **Plan.** The corpus is cut into input shards of ``index.shard_items`` lines
+   (``work/inputs/shard-NNNNN.parquet``); ``work/plan.json`` records the corpus checksum and
+   every setting the embeddings depend on. Rerunning with a changed corpus or settings is
+   refused (``overwrite=True`` starts over).
+2. **Embed.** Ray Data reads the pending input shards, validates items (tasks), and embeds
+   them in a callable-class actor pool (``ActorPoolStrategy(size=index.actors)``, each
+   actor ``index.cpus_per_actor`` CPUs and ``index.num_gpus`` GPUs). The driver collects the
+   rows of each input shard and writes ``work/parts/part-NNNNN.parquet`` atomically once
+   the shard is complete. Killed at any point, a rerun skips the shards whose part exists.
+3. **Build.** From the parts in shard order: bad rows and duplicate ids (the first line
+   wins) go to ``report.json`` / ``skipped.jsonl``; the rest fill the FAISS shards, the item
+   table and the node store; the manifest is written last
+   (:mod:`canopy_ray.index.manifest`); ``summary.json`` says what the run did.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from canopy_ray.config import CanopyConfig
+from canopy_ray.core.files import atomic_path, sha256_files, write_json, write_jsonl
+from canopy_ray.index import manifest
+from canopy_ray.index.ingest import NodeEmbedder, corpus_files, read_and_validate, split_corpus
+
+log = logging.getLogger("canopy_ray.index.job")
+
+WORK, INPUTS, PARTS, PLAN = "work", "inputs", "parts", "plan.json"
+PART_COLUMNS = ("shard", "row", "file", "line", "id", "modality", "reason", "message", "item", "n_nodes", "spans",
+                "node_vecs", "item_vec")
+
+
+class IndexJobError(RuntimeError):
+    pass
+
+
+class SimulatedCrash(RuntimeError):
+    """Raised by the ``crash_after_parts`` test hook, as if the job were killed."""
+
+
+def model_id(cfg: CanopyConfig) -> str:
+    """The base model's name as encoders report it (``Encoder.model_id``)."""
+    if cfg.models.encoder_path:
+        return Path(cfg.models.encoder_path).name
+    return {"minilm": "all-MiniLM-L6-v2", "qwen3-vl": "Qwen3-VL-Embedding-2B"}[cfg.models.encoder]
+
+
+def _settings(cfg: CanopyConfig, media_root: Path) -> dict:
+    """Everything the per-item rows depend on; a change invalidates finished shards."""
+    from canopy_ray.models.adapters import adapter_id
+
+    return {"models": {"encoder": cfg.models.encoder, "encoder_path": cfg.models.encoder_path,
+                       "adapter_id": adapter_id(cfg.models.adapter), "max_length": cfg.models.max_length},
+            "hierarchy": cfg.hierarchy.model_dump(), "shard_items": cfg.index.shard_items,
+            "media_root": str(media_root)}
+
+
+def _part(out: Path, k: int) -> Path:
+    return out / WORK / PARTS / f"part-{k:05d}.parquet"
+
+
+def _plan(cfg: CanopyConfig, corpus: Path, out: Path, media_root: Path, overwrite: bool) -> dict:
+    work = out / WORK
+    files = corpus_files(corpus)
+    plan_path = work / PLAN
+    want = {"corpus": [str(f.resolve()) for f in files], "fingerprint": sha256_files(files, with_names=True),
+            "settings": _settings(cfg, media_root)}
+    if plan_path.exists():
+        plan = json.loads(plan_path.read_text())
+        if all(plan.get(k) == want[k] for k in ("fingerprint", "settings")):
+            return plan
+        if not overwrite:
+            raise IndexJobError(
+                f"{out} holds an unfinished or finished index of another corpus or other settings "
+                f"(see {plan_path}); use a new output directory or overwrite=True (--overwrite)")
+    if work.exists():
+        shutil.rmtree(work)
+    manifest.clear(out)
+    work.mkdir(parents=True)
+    plan = want | {"shard_rows": split_corpus(files, work / INPUTS, cfg.index.shard_items)}
+    write_json(plan_path, plan)
+    return plan
+
+
+def _write_part(rows: list, path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = [pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b for b in rows]
+    table = pa.concat_tables([t.select(list(PART_COLUMNS)) for t in tables]).sort_by("row")
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def _dataset(cfg: CanopyConfig, out: Path, media_root: Path, pending: list[int], expected: dict[int, int]):
+    """The Ray Data pipeline over the pending input shards: read + validate, then embed."""
+    import ray
+
+    # Reading and validation are light and run as zero-CPU tasks: they must not wait behind the
+    # embedding actors, which may hold every CPU (``read_parquet`` would: its file listing asks
+    # for a whole CPU). One task reads a slice of an input shard and yields validated batches;
+    # slices of a few batches give the actor pool enough blocks to keep every actor busy.
+    step = cfg.index.batch_items * 2
+    slices = [{"file": str(out / WORK / INPUTS / f"shard-{k:05d}.parquet"), "start": a,
+               "stop": min(a + step, expected[k])} for k in pending for a in range(0, expected[k], step)]
+    ds = ray.data.from_items(slices, override_num_blocks=len(slices))
+    ds = ds.map_batches(read_and_validate, fn_kwargs={"media_root": str(media_root),
+                                                      "batch_items": cfg.index.batch_items},
+                        batch_size=1, batch_format="numpy", num_cpus=0)
+    return ds.map_batches(
+        NodeEmbedder, fn_constructor_kwargs={"models_cfg": cfg.models, "hierarchy_cfg": cfg.hierarchy,
+                                             "threads": max(1, int(cfg.index.cpus_per_actor))},
+        compute=ray.data.ActorPoolStrategy(size=cfg.index.actors), batch_size=cfg.index.batch_items,
+        batch_format="numpy", num_cpus=cfg.index.cpus_per_actor, num_gpus=cfg.index.num_gpus)
+
+
+def _embed_pending(cfg: CanopyConfig, plan: dict, out: Path, media_root: Path, pending: list[int],
+                   progress: bool, crash_after_parts: int | None) -> int:
+    """Run the pipeline and write each input shard's part once all its rows are back; return
+    the rows computed."""
+    import pyarrow as pa
+    import ray
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = progress
+    ctx.execution_options.preserve_order = False
+    expected = {k: plan["shard_rows"][k] for k in pending}
+    held: dict[int, list] = defaultdict(list)
+    seen: Counter = Counter()
+    written, rows_done = 0, 0
+    t0 = time.perf_counter()
+    for batch in _dataset(cfg, out, media_root, pending, expected).iter_batches(batch_size=None,
+                                                                               batch_format="pyarrow"):
+        for k in np.unique(batch.column("shard").to_numpy()):
+            k = int(k)
+            part = batch.filter(pa.compute.equal(batch.column("shard"), k))
+            held[k].append(part)
+            seen[k] += part.num_rows
+            if seen[k] > expected[k]:
+                raise IndexJobError(f"input shard {k}: {seen[k]} rows, expected {expected[k]}")
+            if seen[k] < expected[k]:
+                continue
+            _write_part(held.pop(k), _part(out, k))
+            written += 1
+            rows_done += seen[k]
+            log.info("input shard %d done (%d/%d this run; %.1f items/s)", k, written, len(pending),
+                     rows_done / max(time.perf_counter() - t0, 1e-9))
+            if crash_after_parts is not None and written >= crash_after_parts:
+                raise SimulatedCrash(f"simulated kill after {written} finished shards")
+    missing = [k for k in pending if not _part(out, k).exists()]
+    if missing:
+        raise IndexJobError(f"input shards {missing} did not complete")
+    return rows_done
+
+
+@dataclass
+class _Selection:
+    """Which rows of each part are indexed (valid, first occurrence of their id)."""
+
+    keep: list[np.ndarray]
+    skipped: list[dict]
+    items: int = 0
+    nodes: int = 0
+
+
+def _select(parts: list[Path]) -> _Selection:
+    import pyarrow.parquet as pq
+
+    sel = _Selection([], [])
+    seen_ids: set[str] = set()
+    for path in parts:
+        t = pq.read_table(path, columns=["file", "line", "id", "reason", "message", "n_nodes"]).to_pydict()
+        mask = np.zeros(len(t["id"]), bool)
+        for j, (file, line, iid, reason, msg, nn) in enumerate(zip(t["file"], t["line"], t["id"], t["reason"],
+                                                                   t["message"], t["n_nodes"])):
+            if reason:
+                sel.skipped.append({"file": file, "line": line, "id": iid, "reason": reason, "message": msg})
+            elif iid in seen_ids:
+                sel.skipped.append({"file": file, "line": line, "id": iid, "reason": "duplicate_id",
+                                    "message": f"item {iid!r}: id already indexed from an earlier line"})
+            else:
+                seen_ids.add(iid)
+                mask[j] = True
+                sel.items += 1
+                sel.nodes += nn
+        sel.keep.append(mask)
+    return sel
+
+
+def _dim(parts: list[Path], keep: list[np.ndarray]) -> int:
+    import pyarrow.parquet as pq
+
+    for path, mask in zip(parts, keep):
+        if mask.any():
+            first = pq.read_table(path, columns=["item_vec"]).column("item_vec")[int(np.argmax(mask))].as_py()
+            return len(first) // 4  # float32 bytes
+    raise IndexJobError("no valid item in the corpus; see report.json")
+
+
+def _fill(cfg: CanopyConfig, out: Path, parts: list[Path], sel: _Selection, dim: int) -> tuple[list, dict]:
+    """Stream the kept rows into the FAISS shards, the item table and the node store."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from canopy_ray.index.node_store import NodeStoreWriter
+    from canopy_ray.index.shards import ShardedIndex, shard_bounds
+
+    index = ShardedIndex.empty(dim, shard_bounds(sel.items, cfg.retrieval.shards), cfg.retrieval.index_type)
+    nodes = NodeStoreWriter(out, sel.nodes, dim)
+    schema = pa.schema([("id", pa.string()), ("modality", pa.string()), ("item", pa.string())])
+    at = 0
+    with atomic_path(out / manifest.ITEMS) as tmp, pq.ParquetWriter(tmp, schema) as writer:
+        for path, mask in zip(parts, sel.keep):
+            if not mask.any():
+                continue
+            t = pq.read_table(path).filter(pa.array(mask))
+            d = t.select(["id", "spans", "node_vecs", "item_vec"]).to_pydict()
+            vecs = np.stack([np.frombuffer(b, np.float32) for b in d["item_vec"]])
+            index.add(vecs, at)
+            at += len(vecs)
+            for iid, sb, nb in zip(d["id"], d["spans"], d["node_vecs"]):
+                nodes.add(iid, np.frombuffer(sb, np.int32).reshape(-1, 2),
+                          np.frombuffer(nb, np.float16).reshape(-1, dim))
+            writer.write_table(t.select(["id", "modality", "item"]))
+    node_entry = nodes.close()
+    return index.save(out), node_entry
+
+
+def _build(cfg: CanopyConfig, plan: dict, out: Path) -> dict:
+    """Parts -> report, item table, FAISS shards, node store, manifest."""
+    parts = [_part(out, k) for k in range(len(plan["shard_rows"]))]
+    sel = _select(parts)
+    counts = Counter(s["reason"] for s in sel.skipped)
+    write_jsonl(out / "skipped.jsonl", sel.skipped)
+    write_json(out / "report.json", {"skipped": len(sel.skipped), "by_reason": dict(sorted(counts.items())),
+                                     "list": "skipped.jsonl"})
+    dim = _dim(parts, sel.keep)
+    entries, node_entry = _fill(cfg, out, parts, sel, dim)
+    settings = plan["settings"]
+    manifest.write_manifest(out, {
+        "model_id": model_id(cfg), "encoder": cfg.models.encoder, "dim": dim, "count": sel.items,
+        "nodes": sel.nodes, "adapter_id": settings["models"]["adapter_id"],
+        "index_type": cfg.retrieval.index_type, "metric": "inner_product", "shards": entries,
+        "node_store": node_entry, "items": manifest.ITEMS, "hierarchy": settings["hierarchy"],
+        "corpus_fingerprint": plan["fingerprint"]})
+    return {"items": sel.items, "nodes": sel.nodes, "skipped": len(sel.skipped),
+            "skipped_by_reason": dict(sorted(counts.items())), "duplicates": counts.get("duplicate_id", 0),
+            "index_shards": len(entries), "dim": dim}
+
+
+def _in_ray(ray_address: str | None, num_cpus: int | None, fn):
+    """``fn()`` inside Ray: the running one, else one started here (``local`` by default, a
+    private instance even when a ``ray start`` cluster runs here) and stopped afterwards."""
+    import ray
+
+    if ray.is_initialized():
+        return fn()
+    address = ray_address or os.environ.get("RAY_ADDRESS") or "local"
+    local = address == "local"
+    ray.init(address=address, num_cpus=num_cpus if local else None, include_dashboard=False if local else None)
+    try:
+        return fn()
+    finally:
+        ray.shutdown()
+
+
+def run_index(cfg: CanopyConfig, corpus_path: str | Path, out_dir: str | Path, *,
+              media_root: str | Path | None = None, overwrite: bool = False, progress: bool = True,
+              ray_address: str | None = None, num_cpus: int | None = None,
+              crash_after_parts: int | None = None) -> dict:
+    """Index ``corpus_path`` into ``out_dir`` (resuming an interrupted run); return the summary.
+
+    ``media_root`` resolves relative image/video paths (default: the corpus's directory).
+    Ray is started locally (``num_cpus``) unless already initialised or ``ray_address`` /
+    ``RAY_ADDRESS`` names a cluster. ``crash_after_parts`` is a test hook that stops the run
+    as a kill would, after that many input shards were written.
+    """
+    t_start = time.perf_counter()
+    corpus, out = Path(corpus_path), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    media_root = Path(media_root) if media_root else (corpus if corpus.is_dir() else corpus.parent)
+    media_root = media_root.resolve()
+    plan = _plan(cfg, corpus, out, media_root, overwrite)
+    n_shards = len(plan["shard_rows"])
+    if not sum(plan["shard_rows"]):
+        raise IndexJobError(f"corpus {corpus} has no non-blank lines")
+    (out / WORK / PARTS).mkdir(exist_ok=True)
+    pending = [k for k in range(n_shards) if not _part(out, k).exists()]
+    log.info("%d input shards, %d already done, %d to compute", n_shards, n_shards - len(pending), len(pending))
+    t_embed = time.perf_counter()
+    rows_done = 0
+    if pending:
+        rows_done = _in_ray(ray_address, num_cpus, lambda: _embed_pending(
+            cfg, plan, out, media_root, pending, progress, crash_after_parts))
+    embed_s = time.perf_counter() - t_embed
+    built = _build(cfg, plan, out)
+    summary = built | _throughput(out, pending, rows_done, embed_s) | {
+        "input_lines": int(sum(plan["shard_rows"])), "input_shards": n_shards,
+        "shards_resumed": n_shards - len(pending), "shards_computed": len(pending),
+        "seconds": round(time.perf_counter() - t_start, 3), "out_dir": str(out)}
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def _throughput(out: Path, pending: list[int], rows_done: int, embed_s: float) -> dict:
+    """Items and nodes embedded in this run (from the parts just written) per second."""
+    import pyarrow.parquet as pq
+
+    nodes_done = sum(int(np.sum(pq.read_table(_part(out, k), columns=["n_nodes"]).column("n_nodes").to_numpy()))
+                     for k in pending)
+    return {"rows_computed": rows_done, "nodes_computed": nodes_done, "embed_seconds": round(embed_s, 3),
+            "items_per_s": round(rows_done / embed_s, 2) if rows_done else 0.0,
+            "nodes_per_s": round(nodes_done / embed_s, 2) if nodes_done else 0.0}
+
+
+def format_summary(s: dict) -> str:
+    reasons = ", ".join(f"{k} {v}" for k, v in s["skipped_by_reason"].items()) or "none"
+    return (f"indexed {s['items']} items ({s['nodes']} nodes, dim {s['dim']}, {s['index_shards']} FAISS shards) "
+            f"into {s['out_dir']}\n"
+            f"skipped {s['skipped']} of {s['input_lines']} lines ({reasons}); see report.json, skipped.jsonl\n"
+            f"input shards: {s['shards_computed']} computed, {s['shards_resumed']} resumed; "
+            f"{s['items_per_s']} items/s, {s['nodes_per_s']} nodes/s over {s['embed_seconds']} s of embedding")

@@ -1,0 +1,119 @@
+"""What the Ray Train workers get, computed once on the driver before training starts.
+
+:func:`prepare` turns the canonical data directories into the data part of the loop
+config (:func:`canopy_ray.train.loop.train_loop`):
+
+- the ``train`` instances (the first ``limit``, then ``training.subsample`` seeded random
+  ones) and up to ``training.val_instances`` seeded random ``validation`` instances;
+- per part, the frozen f0 vectors of its distinct queries and the paths of the cached
+  bottom-layer states of its distinct node texts (:mod:`canopy_ray.train.cached`), both
+  kept in the run directory, so a resumed run computes neither again;
+- the instances as plain rows ``(query_row, node_rows, pairs)`` into those two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from canopy_ray.config import CanopyConfig
+from canopy_ray.core.errors import CanopyError
+from canopy_ray.core.files import cached_array
+from canopy_ray.train.instances import Instance, build_instances
+
+
+def prepare(cfg: CanopyConfig, data_dirs: dict[str, str | Path], run_dir: str | Path,
+            limit: int | None = None) -> dict:
+    """The loop config's data: ``training``, ``encoder_path``, ``queries``, ``bottom``,
+    ``instances`` (the train part) and ``val`` (the same keys for validation, or None)."""
+    from canopy_ray.train.lora import load_base
+
+    run_dir = Path(run_dir)
+    instances = train_instances(cfg, data_dirs, limit)
+    val = validation_instances(cfg, data_dirs)
+    with torch_threads(cfg.training.threads):
+        tok, base = load_base(cfg.models.encoder_path)
+        train_part = loop_part(cfg, instances, run_dir, tok, base)
+        val_part = loop_part(cfg, val, run_dir, tok, base) if val else None
+    return {"training": cfg.training.model_dump(), "encoder_path": cfg.models.encoder_path,
+            **train_part, "val": val_part}
+
+
+def train_instances(cfg: CanopyConfig, data_dirs: dict[str, str | Path],
+                    limit: int | None = None) -> list[Instance]:
+    """The ``train`` instances: the first ``limit``, then a seeded ``training.subsample``."""
+    tc = cfg.training
+    instances = build_instances(data_dirs, "train", cfg.hierarchy.branching)
+    if limit:
+        instances = instances[:limit]
+    instances = _sample(instances, tc.subsample, tc.seed)
+    if not instances:
+        raise CanopyError("no training instances in the given data")
+    return instances
+
+
+def validation_instances(cfg: CanopyConfig, data_dirs: dict[str, str | Path]) -> list[Instance]:
+    """Up to ``training.val_instances`` seeded random ``validation`` instances (0 = none)."""
+    tc = cfg.training
+    if tc.val_instances == 0:
+        return []
+    val = build_instances(data_dirs, "validation", cfg.hierarchy.branching)
+    return _sample(val, tc.val_instances, tc.seed + 1)
+
+
+def _sample(instances: list[Instance], n: int | None, seed: int) -> list[Instance]:
+    """``n`` seeded random instances in their original order (all when ``n`` is None or larger)."""
+    if not n or n >= len(instances):
+        return instances
+    keep = np.sort(np.random.default_rng(seed).permutation(len(instances))[:n])
+    return [instances[k] for k in keep]
+
+
+def loop_part(cfg: CanopyConfig, instances: Sequence[Instance], run_dir: Path, tok, base) -> dict:
+    """The loop's view of instances: f0 query vectors, the resolved paths of the cached
+    bottom states and ``(query_row, node_rows, pairs)`` rows into both."""
+    from canopy_ray.train.cached import cache_bottom
+    from canopy_ray.train.lora import n_layers
+
+    tc = cfg.training
+    queries = sorted({i.query for i in instances})
+    q_row = {q: k for k, q in enumerate(queries)}
+    texts = sorted({x for i in instances for x in i.texts})
+    t_row = {x: k for k, x in enumerate(texts)}
+    q_vecs = f0_queries(cfg, queries, run_dir)
+    total = n_layers(base)
+    n_bottom = total - min(tc.lora_layers or total, total)
+    bottom = cache_bottom(base, tok, texts, n_bottom, tc.max_length, run_dir,
+                          tag=str(cfg.models.encoder_path), batch_size=cfg.models.batch_size)
+    return {"queries": q_vecs,
+            "bottom": tuple(str(Path(p).resolve()) for p in bottom),
+            "instances": [(q_row[i.query], tuple(t_row[x] for x in i.texts), i.pairs)
+                          for i in instances]}
+
+
+def f0_queries(cfg: CanopyConfig, queries: list[str], run_dir: Path) -> np.ndarray:
+    """Frozen f0 query vectors, computed once without gradients and kept in ``run_dir``."""
+    m = cfg.models
+
+    def compute() -> np.ndarray:
+        from canopy_ray.models.encoder import TextEncoder
+
+        return TextEncoder(m.encoder_path, None, m.max_length, m.batch_size).encode_queries(queries)
+
+    return cached_array(run_dir, "f0_queries", [m.encoder_path, m.max_length, queries], compute)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch threads, then restore the previous count."""
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)

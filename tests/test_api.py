@@ -1,0 +1,29 @@
+"""``canopy_ray.compress``: the one-call in-process API agrees with the Compressor it wraps."""
+
+import pytest
+
+import canopy_ray
+from canopy_ray.compressor import Compressor
+from canopy_ray.core.items import parse_item
+
+ITEM = {"id": "p1", "modality": "text", "title": "Saturn",
+        "sentences": ["Saturn is the sixth planet.", "It has 95 moons.", "Its rings are mostly ice."]}
+
+
+def test_import_is_light():
+    import subprocess
+    import sys
+
+    code = "import sys, canopy_ray; sys.exit(any(m in sys.modules for m in ('torch', 'ray')))"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.integration
+def test_compress_takes_dicts_or_items_and_matches_the_compressor(minilm):
+    query = "Which planet has 95 moons?"
+    from_dicts = canopy_ray.compress(query, [ITEM], branching=3)
+    from_items = canopy_ray.compress(query, [parse_item(ITEM)], branching=3)
+    expected = Compressor(minilm).compress(query, [parse_item(ITEM)], branching=3)
+    assert [r.kept for r in from_dicts] == [r.kept for r in from_items] == [r.kept for r in expected]
+    assert from_dicts[0].scores == pytest.approx(expected[0].scores, abs=1e-5)
+    assert len(from_dicts[0].tree.root.children) == 3  # B = 3 over 3 sentences
