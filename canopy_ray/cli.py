@@ -37,8 +37,10 @@ def _compressor(config: str | None):
     from canopy_ray.compressor import Compressor
     from canopy_ray.models.encoder import build_encoder
 
+    from canopy_ray.models.llm.tokens import token_counter
+
     cfg = load_config(config)
-    return Compressor.from_config(cfg, build_encoder(cfg.models))
+    return Compressor.from_config(cfg, build_encoder(cfg.models), count_tokens=token_counter(cfg.llm))
 
 
 def _print_results(query: str, results) -> None:
@@ -100,9 +102,12 @@ def cmd_serve(args) -> int:
 
 
 def cmd_quickstart(args) -> int:
-    from canopy_ray.quickstart import run
+    from canopy_ray.quickstart import reader_override, run
 
-    run(load_config(args.config), args.out, args.questions, port=args.port)
+    if args.llm_model and not args.llm_url:
+        raise ConfigError("--llm-model needs --llm-url (the OpenAI-compatible server that serves it)")
+    llm = {"llm": reader_override(args.llm_url, args.llm_model)} if args.llm_url else {}
+    run(load_config(args.config, **llm), args.out, args.questions, port=args.port)
     return 0
 
 
@@ -115,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument("--out", default="runs/quickstart", help="index, answers.json and report.html go here")
     qs.add_argument("--questions", type=int, default=4, help="sample questions to ask")
     qs.add_argument("--port", type=int, default=8000)
+    qs.add_argument("--llm-url", default=None, metavar="URL",
+                    help="an OpenAI-compatible server (base URL ending in /v1) as reader and critic, "
+                         "instead of the CPU default SmolLM2-135M")
+    qs.add_argument("--llm-model", default=None, metavar="M",
+                    help="the served model's name (default: the first one the server lists)")
     qs.set_defaults(func=cmd_quickstart)
 
     demo = sub.add_parser("demo", help="compress the bundled examples and print the evidence forests")

@@ -1,13 +1,16 @@
 """The ``compress`` verb: a query and some items in, an evidence forest per item out.
 
 Scoring is one dot product per node between the frozen query vector f0(q) and the node
-vectors f_theta(v); node vectors come from a cache when the caller has one (they do not
-depend on the query) and from the node encoder otherwise.
+vectors f_theta(v). Refinement reads only the scores of the nodes it visits, so nodes are
+scored level by level (:func:`canopy_ray.core.refine.score_lazily`): every item's root in
+one batch, then the children of every node that splits, and so on; nothing else is encoded.
+A node's vector comes from the index's node store (items from that index), else from the
+bounded vector cache (any node seen before), else from the node encoder.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -15,7 +18,7 @@ import numpy as np
 from canopy_ray.core.evidence import Piece, TokenCounter, count_words, node_text, piece, render
 from canopy_ray.core.hierarchy import ItemTree, Node, Span, build_tree
 from canopy_ray.core.items import Item
-from canopy_ray.core.refine import decisions
+from canopy_ray.core.refine import Ask, decisions, drive, score_lazily
 
 MODES = ("canopy", "none", "flat")
 NODE_ENCODERS = ("tuned", "frozen")
@@ -56,21 +59,26 @@ class ItemResult:
     tokens_before: int
     tokens_after: int
     evidence: Piece
+    encoded: int = 0  # nodes this call sent to the node encoder (not in a store or cache)
+    encoded_tokens: int = 0  # the encoder's tokens of those nodes
 
     @property
     def id(self) -> str:
         return self.tree.item.id
 
     def nodes(self) -> list[dict]:
-        """Every node with its score and fate, in pre-order (the ``explain`` output)."""
-        return [{"span": list(n.span), "depth": d, "score": self.scores[n.span],
+        """Every node with its fate and score, in pre-order (the ``explain`` output); nodes
+        refinement never visited have no score (``None``): they were never encoded."""
+        return [{"span": list(n.span), "depth": d, "score": self.scores.get(n.span),
                  "decision": self.decisions[n.span]} for n, d in self.tree.root.walk()]
 
     def to_dict(self, explain: bool = False) -> dict:
         """The per-item JSON of ``/v1/compress``, ``/v1/answer`` and ``canopy compress --json``."""
         out = {"id": self.id, "modality": self.tree.item.modality, "kept": [list(s) for s in self.kept],
                "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
-               "evidence": self.evidence.text}
+               "evidence": self.evidence.text, "nodes_total": len(self.tree.nodes()),
+               "nodes_scored": len(self.scores), "nodes_encoded": self.encoded,
+               "encoded_tokens": self.encoded_tokens}
         if explain:
             out["nodes"] = self.nodes()
         return out
@@ -79,47 +87,126 @@ class ItemResult:
     def from_dict(cls, tree: ItemTree, d: dict, round: int = 1) -> "ItemResult":
         """Back from :meth:`to_dict` with ``explain`` (``tree`` built as the server built it)."""
         kept = [tuple(s) for s in d["kept"]]
-        return cls(tree, {tuple(n["span"]): n["score"] for n in d["nodes"]},
+        return cls(tree, {tuple(n["span"]): n["score"] for n in d["nodes"] if n["score"] is not None},
                    {tuple(n["span"]): n["decision"] for n in d["nodes"]}, kept, d["tokens_before"],
                    d["tokens_after"], piece(tree, kept, round))
 
 
-def score_nodes(query_vec: np.ndarray, nodes: Sequence[Node], node_vecs: np.ndarray) -> dict[Span, float]:
-    """Cosine of unit vectors: s(q, v) = f0(q) . f_theta(v)."""
-    sims = np.asarray(node_vecs, dtype=np.float32) @ np.asarray(query_vec, dtype=np.float32)
-    return {n.span: float(s) for n, s in zip(nodes, sims)}
+def token_report(results: Sequence[ItemResult]) -> dict:
+    """LLMLingua's summary of one compression: ``origin_tokens``, ``compressed_tokens`` and
+    ``ratio`` (origin / compressed; LLMLingua prints it as "3.1x")."""
+    origin, compressed = sum(r.tokens_before for r in results), sum(r.tokens_after for r in results)
+    return {"origin_tokens": origin, "compressed_tokens": compressed, "ratio": origin / max(compressed, 1)}
 
 
-def compress_tree(query_vec: np.ndarray, tree: ItemTree, node_vecs: np.ndarray,
-                  count_tokens: TokenCounter = count_words, round: int = 1) -> ItemResult:
-    scores = score_nodes(query_vec, tree.nodes(), node_vecs)
+def refined(tree: ItemTree, scores: dict[Span, float], count_tokens: TokenCounter = count_words,
+            round: int = 1) -> ItemResult:
+    """Algorithm 1 over the scores of the visited nodes (all nodes' scores work too)."""
     fate = decisions(tree.root, scores)
-    kept = [s for s, d in fate.items() if d == "kept"]
+    return _result(tree, scores, fate, [s for s, d in fate.items() if d == "kept"], count_tokens, round)
+
+
+def flat(tree: ItemTree, scores: dict[Span, float], m: int, count_tokens: TokenCounter = count_words,
+         round: int = 1) -> ItemResult:
+    """The "flat" baseline: the item's m best-scoring leaves, no hierarchy."""
+    leaves = [n.span for n in tree.nodes() if n.is_leaf]
+    kept = sorted(sorted(leaves, key=lambda s: -scores[s])[:m])
+    fate = {n.span: ("kept" if n.span in kept else "dropped") if n.is_leaf else "split" for n in tree.nodes()}
+    return _result(tree, scores, fate, kept, count_tokens, round)
+
+
+def _result(tree, scores, fate, kept, count_tokens, round) -> ItemResult:
     ev = piece(tree, kept, round)
     return ItemResult(tree, scores, fate, kept, count_tokens(render(tree, [tree.root.span])),
                       count_tokens(ev.text), ev)
 
 
+def _score_leaves(roots: Sequence[Node]):
+    """The flat baseline's scoring: every leaf of every tree, in one ask."""
+    ask = [(i, n) for i, r in enumerate(roots) for n, _ in r.walk() if n.is_leaf]
+    got = yield ask
+    scores: list[dict[Span, float]] = [{} for _ in roots]
+    for (i, n), s in zip(ask, got, strict=True):
+        scores[i][n.span] = float(s)
+    return scores
+
+
+class _Scoring:
+    """One call's scoring: vectors from the node store, the cache or the encoder, and counts."""
+
+    def __init__(self, comp: "Compressor", trees: Sequence[ItemTree], query_vec: np.ndarray):
+        self.comp, self.trees = comp, trees
+        self.query = np.asarray(query_vec, np.float32)
+        store = comp.node_store if comp.node_store is not None and comp.node_store.usable_for(comp.encoder) else None
+        self.stored = [(store.lookup(t.item.id) or {}) if store else {} for t in trees]
+        self.encoded = [0] * len(trees)
+        self.tokens = [0] * len(trees)
+
+    def lookup(self, ask: Ask) -> tuple[list, list[int], list[Piece], list]:
+        """Vectors found for the asked nodes (None where missing), and what to encode."""
+        cache, stats = self.comp.cache, self.comp.stats
+        vecs, todo, pieces, keys = [], [], [], []
+        for k, (i, node) in enumerate(ask):
+            vec, key = self.stored[i].get(node.span), None
+            if vec is not None:
+                stats["store"] += 1
+            else:
+                p = piece(self.trees[i], [node.span])
+                if cache is not None:
+                    key = cache.key(self.comp.encoder, "node", p.text, p.media)
+                    vec = cache.get(key)
+                if vec is not None:
+                    stats["cache"] += 1
+                else:
+                    todo.append(k)
+                    pieces.append(p)
+                    keys.append(key)
+            vecs.append(vec)
+        return vecs, todo, pieces, keys
+
+    def scores(self, ask: Ask, found, fresh: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
+        """Cosines of the asked nodes, the freshly encoded ones cached and counted."""
+        vecs, todo, _, keys = found
+        for k, vec, key, n in zip(todo, fresh, keys, tokens, strict=True):
+            vecs[k] = vec
+            if key is not None:
+                self.comp.cache.put(key, vec)
+            self.encoded[ask[k][0]] += 1
+            self.tokens[ask[k][0]] += int(n)
+        self.comp.stats["encoded"] += len(todo)
+        self.comp.stats["encoded_tokens"] += int(sum(tokens))
+        return np.stack([np.asarray(v, np.float32) for v in vecs]) @ self.query if vecs else np.zeros(0)
+
+
 class Compressor:
-    """Builds trees, gets node vectors (node store first), scores and refines.
+    """Builds trees, scores the nodes refinement visits, refines.
 
     ``node_store`` (``lookup(item_id) -> {span: vector} | None`` and ``usable_for(encoder)``)
-    serves f_theta vectors cached at index time; only items it does not hold, or holds for
-    another adapter, are encoded, in one batch. Use it only for items that came from the
-    same index: a caller's own items may reuse an id with other content.
+    serves f_theta vectors cached at index time: use it only for items that came from the
+    same index (a caller's own items may reuse an id with other content). ``cache`` (a
+    :class:`~canopy_ray.models.vector_cache.VectorCache`) serves any node seen before by the
+    same node encoder. The encoder needs ``encode_nodes``, ``token_counts`` and its identity
+    (``model_id``, ``adapter_id``); an async caller passes its own encode function instead.
+    ``stats`` counts nodes served by the store, by the cache, and encoded (with their tokens).
     """
 
     def __init__(self, encoder, branching: int = 2, segment_s: float = 30.0, frame_every_s: float = 10.0,
-                 max_frames: int = 32, count_tokens: TokenCounter = count_words, node_store=None):
+                 max_frames: int = 32, count_tokens: TokenCounter = count_words, node_store=None, cache=None):
         self.encoder = encoder
         self.tree_args = dict(branching=branching, segment_s=segment_s, frame_every_s=frame_every_s,
                               max_frames=max_frames)
         self.count_tokens = count_tokens
-        self.node_store = node_store
-        self.stats = {"hits": 0, "misses": 0}
+        self.node_store, self.cache = node_store, cache
+        self.stats = {"store": 0, "cache": 0, "encoded": 0, "encoded_tokens": 0}
 
     @classmethod
     def from_config(cls, cfg, encoder, **kw) -> "Compressor":
+        """A compressor with the config's hierarchy and, unless ``cache`` is given (shared),
+        a vector cache of ``models.cache_mb``."""
+        if "cache" not in kw and cfg.models.cache_mb:
+            from canopy_ray.models.vector_cache import VectorCache
+
+            kw["cache"] = VectorCache(cfg.models.cache_mb)
         h = cfg.hierarchy
         return cls(encoder, h.branching, h.segment_s, h.frame_every_s, h.max_frames, **kw)
 
@@ -127,65 +214,54 @@ class Compressor:
         args = self.tree_args | ({"branching": branching} if branching else {})
         return build_tree(item, whole=whole, **args)
 
-    def _lookup(self, trees: Sequence[ItemTree]) -> tuple[list[dict], list[tuple[int, Span]], list[Piece]]:
-        """Cached vectors per tree, and the (tree, span) nodes still to encode with their pieces."""
-        store = self.node_store if self.node_store is not None and self.node_store.usable_for(self.encoder) else None
-        found = [dict((store.lookup(t.item.id) if store else None) or {}) for t in trees]
-        missing = [(i, n.span) for i, t in enumerate(trees) for n in t.nodes() if n.span not in found[i]]
-        self.stats["misses"] += len(missing)
-        self.stats["hits"] += sum(len(t.nodes()) for t in trees) - len(missing)
-        return found, missing, [piece(trees[i], [span]) for i, span in missing]
-
-    @staticmethod
-    def _stack(trees, found, missing, vecs) -> list[np.ndarray]:
-        for (i, span), v in zip(missing, vecs):
-            found[i][span] = v
-        return [np.stack([np.asarray(f[n.span], np.float32) for n in t.nodes()]) for f, t in zip(found, trees)]
-
-    def node_vectors(self, trees: Sequence[ItemTree]) -> list[np.ndarray]:
-        """Per tree, its nodes' vectors in pre-order: cached where possible, one encoder batch for the rest."""
-        found, missing, pieces = self._lookup(trees)
-        vecs = self.encoder.encode_nodes(pieces) if pieces else []
-        return self._stack(trees, found, missing, vecs)
-
-    async def anode_vectors(self, trees: Sequence[ItemTree], encode_nodes) -> list[np.ndarray]:
-        """:meth:`node_vectors` with an awaitable node encoder (a Serve deployment)."""
-        found, missing, pieces = self._lookup(trees)
-        vecs = await encode_nodes(pieces) if pieces else []
-        return self._stack(trees, found, missing, vecs)
-
     def trees(self, items: Sequence[Item], opts: CompressOptions = CompressOptions()) -> list[ItemTree]:
         return [self.tree(it, whole=opts.mode == "none" or it.id in opts.whole, branching=opts.branching)
                 for it in items]
 
-    def finish(self, query_vec: np.ndarray, trees: Sequence[ItemTree], vecs: Sequence[np.ndarray],
-               opts: CompressOptions = CompressOptions()) -> list[ItemResult]:
-        if opts.mode == "flat":
-            return [flat_tree(query_vec, t, v, opts.flat_m, self.count_tokens, opts.round)
-                    for t, v in zip(trees, vecs)]
-        return [compress_tree(query_vec, t, v, self.count_tokens, opts.round) for t, v in zip(trees, vecs)]
+    def _encode(self, pieces: Sequence[Piece]) -> tuple[np.ndarray, list[int]]:
+        return self.encoder.encode_nodes(pieces), self.encoder.token_counts(pieces)
+
+    def _start(self, trees, opts: CompressOptions, query_vec):
+        roots = [t.root for t in trees]
+        return _Scoring(self, trees, query_vec), (_score_leaves(roots) if opts.mode == "flat" else score_lazily(roots))
+
+    def _finish(self, run: _Scoring, scores: list[dict], opts: CompressOptions) -> list[ItemResult]:
+        out = []
+        for t, sc, n, tok in zip(run.trees, scores, run.encoded, run.tokens):
+            r = (flat(t, sc, opts.flat_m, self.count_tokens, opts.round) if opts.mode == "flat"
+                 else refined(t, sc, self.count_tokens, opts.round))
+            out.append(replace(r, encoded=n, encoded_tokens=tok))
+        return out
 
     def compress_items(self, query_vec: np.ndarray, items: Sequence[Item],
                        opts: CompressOptions = CompressOptions()) -> list[ItemResult]:
         """Compress items against a query vector (f0 of the query)."""
-        trees = self.trees(items, opts)
-        return self.finish(query_vec, trees, self.node_vectors(trees), opts)
+        run, levels = self._start(self.trees(items, opts), opts, query_vec)
+
+        def score(ask: Ask) -> np.ndarray:
+            found = run.lookup(ask)
+            fresh, tokens = self._encode(found[2]) if found[2] else (np.zeros((0, 0)), [])
+            return run.scores(ask, found, fresh, tokens)
+
+        return self._finish(run, drive(levels, score), opts)
+
+    async def acompress_items(self, query_vec: np.ndarray, items: Sequence[Item], opts: CompressOptions,
+                              encode) -> list[ItemResult]:
+        """:meth:`compress_items` with an awaitable ``encode(pieces) -> (vectors, token counts)``
+        (a Serve deployment): one call per tree level, all items together."""
+        run, levels = self._start(self.trees(items, opts), opts, query_vec)
+        try:
+            ask = next(levels)
+            while True:
+                found = run.lookup(ask)
+                fresh, tokens = await encode(found[2]) if found[2] else (np.zeros((0, 0)), [])
+                ask = levels.send(run.scores(ask, found, fresh, tokens))
+        except StopIteration as done:
+            return self._finish(run, done.value, opts)
 
     def compress(self, query: str, items: Sequence[Item], branching: int | None = None) -> list[ItemResult]:
         return self.compress_items(self.encoder.encode_queries([query])[0], items,
                                    CompressOptions(branching=branching))
-
-
-def flat_tree(query_vec: np.ndarray, tree: ItemTree, node_vecs: np.ndarray, m: int,
-              count_tokens: TokenCounter = count_words, round: int = 1) -> ItemResult:
-    """The "flat" baseline: the item's m best-scoring leaves, no hierarchy."""
-    scores = score_nodes(query_vec, tree.nodes(), node_vecs)
-    leaves = [n.span for n in tree.nodes() if n.is_leaf]
-    kept = sorted(sorted(leaves, key=lambda s: -scores[s])[:m])
-    fate = {n.span: ("kept" if n.span in kept else "dropped") if n.is_leaf else "split" for n in tree.nodes()}
-    ev = piece(tree, kept, round)
-    return ItemResult(tree, scores, fate, kept, count_tokens(render(tree, [tree.root.span])),
-                      count_tokens(ev.text), ev)
 
 
 def format_forest(result: ItemResult, width: int = 72) -> str:
@@ -199,8 +275,9 @@ def format_forest(result: ItemResult, width: int = 72) -> str:
         text = node_text(result.tree, node.span).replace("\n", " / ")
         if len(text) > width:
             text = text[: width - 3] + "..."
+        score = result.scores.get(node.span)  # flat scores leaves only
         lines.append(f"{'  ' * depth}[{marks[fate]}] {node.span[0]}-{node.span[1]} "
-                     f"{result.scores[node.span]:+.4f}  {text}")
+                     f"{'   n/a ' if score is None else f'{score:+.4f}'}  {text}")
         if fate == "split":  # only split nodes had their children looked at
             for child in node.children:
                 visit(child, depth + 1)

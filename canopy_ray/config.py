@@ -21,6 +21,9 @@ class RetrievalConfig(Section):
     k: int = Field(10, ge=1, le=1000, description="items retrieved per round")
     shards: int = Field(1, ge=1, description="FAISS shards searched together")
     index_type: Literal["sq_fp16", "flat"] = "sq_fp16"
+    followup: Literal["topk", "fill"] = Field(
+        "topk", description="topk: a follow-up round takes the top k for its query less the items already "
+                            "in the evidence (the paper); fill: k items not yet seen")
 
 
 class HierarchyConfig(Section):
@@ -34,7 +37,10 @@ class HierarchyConfig(Section):
 class CriticConfig(Section):
     rounds: int = Field(3, ge=1, le=10, description="R: critic rounds at most")
     reader_token_cap: int = Field(16384, ge=256, description="reader evidence tokens at most")
+    video_token_cap: int = Field(65536, ge=256, description="the cap when the evidence holds video (long video)")
     classify_tables: bool = Field(True, description="one LLM call per new table: aggregation keeps it whole")
+    table_preview: int = Field(0, ge=0, description="table rows the classifier sees (0: the question alone)")
+    router: bool = Field(False, description="CANOPY-dagger: one LLM call per round picks the modalities to search")
 
 
 PACKAGE_PREFIX = "package:"
@@ -54,7 +60,10 @@ class ModelsConfig(Section):
     adapter: str | None = Field(None, description="LoRA adapter directory for f_theta; None = f0")
     max_length: int = Field(256, ge=8, description="encoder input tokens at most")
     batch_size: int = Field(64, ge=1)
+    batch_tokens: int = Field(8192, ge=1, description="padded tokens per encoder batch at most (texts are "
+                              "sorted by length first; one row at least)")
     device: str = "cpu"
+    cache_mb: float = Field(256, ge=0, description="node-vector cache (LRU) per process or Refiner replica; 0 = off")
 
     @field_validator("adapter", "encoder_path")
     @classmethod
@@ -94,6 +103,8 @@ class LLMSection(Section):
     timeout_s: float = Field(120.0, gt=0)
     threads: int | None = Field(1, ge=1, description="torch threads of the local backend")
     cache_dir: str | None = Field(None, description="where the converted local model is cached")
+    tokenizer: str | None = Field(None, description="the reader's tokenizer folder, for the cap and every token "
+                                  "count; None: SmolLM2's for local, words for an endpoint")
 
 
 class IndexConfig(Section):
@@ -122,6 +133,39 @@ class ServeConfig(Section):
     node_batch_size: int = Field(8, ge=1, description="@serve.batch size (requests) of the node encoder")
     batch_wait_s: float = Field(0.005, ge=0)
     replica_cpus: float = Field(0.25, gt=0, description="CPUs reserved per replica (6 replicas fit 2 CPUs)")
+    # Failure behaviour (README): bounded queues, timeouts, retries, health checks. Each *_limits is
+    # [max_ongoing_requests per replica, max_queued_requests per caller, -1 = unbounded]; a call past
+    # both is shed at once: JSON overload_status with Retry-After (the Ingress's own: Serve's proxy, text).
+    max_inflight: int = Field(12, ge=1, description="/v1/compress and /v1/answer requests one Ingress replica "
+                              "works on at once; past it a request is shed at once, before any work (JSON)")
+    ingress_limits: tuple[int, int] = Field((256, 64), description="the Ingress (async, holds requests "
+                                            "cheaply, so high: it sheds past max_inflight itself, as JSON)")
+    query_encoder_limits: tuple[int, int] = Field((64, 256), description="QueryEncoder (fast, batched)")
+    node_encoder_limits: tuple[int, int] = Field((16, 64), description="NodeEncoder; its ongoing bound "
+                                                 "should hold every Refiner request in flight")
+    refiner_limits: tuple[int, int] = Field((8, 8), description="Refiner: the admission point of compression "
+                                            "work, small so that accepted requests keep their latency")
+    retriever_limits: tuple[int, int] = Field((64, 256), description="Retriever and each ShardSearcher")
+    llm_limits: tuple[int, int] = Field((4, 16), description="LLMServer (a full queue degrades the LLM role)")
+    overload_status: Literal[429, 503] = Field(503, description="the status of a shed request")
+    retry_after_s: float = Field(2.0, ge=0, description="Retry-After of a shed request or a failed replica")
+    request_timeout_s: float = Field(300.0, gt=0, description="one /v1/compress or /v1/answer at most; past it "
+                                     "504 JSON (set Serve's http_options.request_timeout_s above it)")
+    call_timeout_s: float = Field(60.0, gt=0, description="one call to a model or index deployment at most "
+                                  "(a hung replica); past it 504 JSON")
+    retries: int = Field(1, ge=0, le=3, description="retries of an idempotent call (encode, search, fetch, "
+                         "compress) whose replica died; Serve routes a retry to a live replica")
+    health_check_period_s: float = Field(5.0, gt=0, description="Serve calls check_health this often; an idle "
+                                         "model replica also runs a tiny forward pass")
+    health_check_timeout_s: float = Field(30.0, gt=0)
+
+    @field_validator("ingress_limits", "query_encoder_limits", "node_encoder_limits", "refiner_limits",
+                     "retriever_limits", "llm_limits")
+    @classmethod
+    def _limits(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if v[0] < 1 or v[1] < -1 or v[1] == 0:
+            raise ValueError("expected [max_ongoing_requests >= 1, max_queued_requests >= 1 or -1]")
+        return v
 
 
 class CanopyConfig(Section):

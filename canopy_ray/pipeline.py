@@ -4,11 +4,13 @@ Written once, async, against :class:`Backends`; :class:`LocalBackends` runs ever
 this process (tests, evaluation, the CLI) and ``canopy_ray.serve`` supplies backends that
 call Ray Serve deployment handles, so both paths execute this same code.
 
-Per round t (at most R): encode q_t with f0, search, keep the first k items not already in
-the evidence (follow-ups never re-read what the evidence holds; how many of the plain top-k
-were already there is recorded), classify each new table once (aggregation keeps it
-whole), refine every new item against q_t, append the kept regions, truncate newest-first
-to the reader cap and ask the critic. Then the reader answers from the evidence.
+Per round t (at most R): (optionally route: an LLM picks the modalities to search), encode
+q_t with f0, retrieve the top k and skip those already in the evidence (the paper's rule:
+a follow-up round may add fewer than k items; ``followup: fill`` adds k new ones; how many
+of the top k were already there is recorded), classify each new table once from the
+question (aggregation keeps it whole), refine every new item against q_t, append the kept
+regions, truncate newest-first to the reader cap and ask the critic. Then the reader
+answers from the evidence.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from canopy_ray.core.evidence import (Piece, TokenCounter, count_words, piece, r
                                       truncate_newest_first)
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import Item, TableItem
-from canopy_ray.models.llm.roles import Outcome, RoleCall, arun_role, critic_call, reader_call, table_call
+from canopy_ray.models.llm.roles import (Outcome, RoleCall, arun_role, critic_call, reader_call, router_call,
+                                         table_call)
 
 
 @dataclass(frozen=True)
@@ -35,15 +38,21 @@ class Settings:
     rounds: int = 3
     branching: int = 2
     reader_token_cap: int = 16384
+    video_token_cap: int = 65536  # the paper's cap for long video
     mode: str = "canopy"
     flat_m: int = 5  # leaves per item for mode "flat"
     classify_tables: bool = True
+    followup: str = "topk"  # or "fill"; see Pipeline._retrieve
+    router: bool = False  # CANOPY-dagger: an LLM picks the modalities to search
+    table_preview: int = 0  # table rows the classifier sees (the paper: 0, the question alone)
 
     @classmethod
     def from_config(cls, cfg, **overrides) -> "Settings":
         base = dict(k=cfg.retrieval.k, rounds=cfg.critic.rounds, branching=cfg.hierarchy.branching,
-                    reader_token_cap=cfg.critic.reader_token_cap, flat_m=cfg.hierarchy.flat_m,
-                    classify_tables=cfg.critic.classify_tables)
+                    reader_token_cap=cfg.critic.reader_token_cap, video_token_cap=cfg.critic.video_token_cap,
+                    flat_m=cfg.hierarchy.flat_m,
+                    classify_tables=cfg.critic.classify_tables, followup=cfg.retrieval.followup,
+                    router=cfg.critic.router, table_preview=cfg.critic.table_preview)
         return cls(**(base | {k: v for k, v in overrides.items() if v is not None}))
 
 
@@ -52,7 +61,8 @@ class Backends(Protocol):
 
     async def encode_queries(self, texts: Sequence[str]) -> np.ndarray: ...
 
-    async def search(self, query_vec: np.ndarray, k: int) -> list[tuple[str, float]]: ...
+    async def search(self, query_vec: np.ndarray, k: int,
+                     modalities: Sequence[str] | None = None) -> list[tuple[str, float]]: ...
 
     async def fetch(self, item_ids: Sequence[str]) -> list[Item]: ...
 
@@ -77,6 +87,7 @@ class Answer:
     followup_seen: int = 0  # plain top-k hits of rounds >= 2 already in the evidence
     followup_total: int = 0
     results: list[ItemResult] = field(default_factory=list)
+    answer_error: str | None = None  # why the reader failed ("<kind>: <detail>"), counted in llm_failures
 
     @property
     def evidence_text(self) -> str:
@@ -84,7 +95,10 @@ class Answer:
 
     def to_dict(self) -> dict:
         return {
-            "question": self.question, "answer": self.answer, "rounds": self.rounds, "queries": self.queries,
+            # null when the reader gave nothing usable (its endpoint down, timing out, or a reply
+            # that did not parse); the evidence is still returned, and answer_error says why
+            "question": self.question, "answer": None if self.answer_error and not self.answer else self.answer,
+            "answer_error": self.answer_error, "rounds": self.rounds, "queries": self.queries,
             "retrieved": self.retrieved,
             "evidence": [{"item_id": p.item_id, "modality": p.modality, "spans": [list(s) for s in p.spans],
                           "round": p.round, "text": p.text} for p in self.evidence],
@@ -128,14 +142,7 @@ class Pipeline:
         for t in range(1, s.rounds + 1):
             ans.rounds, ans.queries = t, ans.queries + [query]
             qvec = (await self._timed(ans, "encode", self.backends.encode_queries([query])))[0]
-            hits = await self._timed(ans, "search", self.backends.search(qvec, s.k + len(seen)))
-            if t > 1:
-                top = [i for i, _ in hits[: s.k]]
-                ans.followup_seen += sum(i in seen for i in top)
-                ans.followup_total += len(top)
-            new_ids = [i for i, _ in hits if i not in seen][: s.k]
-            ans.retrieved.append(new_ids)
-            seen.update(new_ids)
+            new_ids = await self._retrieve(ans, query, qvec, seen, s)
             items = await self._timed(ans, "fetch", self.backends.fetch(new_ids))
             whole = await self._aggregation_tables(ans, question, items, s)
             opts = CompressOptions(branching=s.branching, whole=whole, mode=s.mode, flat_m=s.flat_m, round=t)
@@ -144,7 +151,8 @@ class Pipeline:
             before += sum(r.tokens_before for r in results)
             after += sum(r.tokens_after for r in results)
             pieces.extend(r.evidence for r in results)
-            reader_pieces = truncate_newest_first(pieces, s.reader_token_cap, self.count_tokens)
+            cap = s.video_token_cap if any(p.modality == "video" for p in pieces) else s.reader_token_cap
+            reader_pieces = truncate_newest_first(pieces, cap, self.count_tokens)
             if t == s.rounds:
                 break
             critique = (await self._llm(ans, critic_call(question, render_evidence(reader_pieces)))).value
@@ -153,10 +161,35 @@ class Pipeline:
             query = critique.next_query.strip() or question
         reply = await self._llm(ans, reader_call(question, render_evidence(reader_pieces)))
         ans.answer, ans.evidence = reply.value, reader_pieces
+        ans.answer_error = reply.error if reply.failed else None
+        # what compression cost (node-encoder tokens) beside what it saved (reader tokens)
         ans.tokens = {"before": before, "after": after,
-                      "reader": self.count_tokens(render_evidence(reader_pieces))}
+                      "reader": self.count_tokens(render_evidence(reader_pieces)),
+                      "encoded": sum(r.encoded_tokens for r in ans.results),
+                      "nodes_encoded": sum(r.encoded for r in ans.results),
+                      "nodes_total": sum(len(r.tree.nodes()) for r in ans.results)}
         ans.timings["total"] = time.perf_counter() - t_start
         return ans
+
+    async def _retrieve(self, ans: Answer, query: str, qvec: np.ndarray, seen: set[str], s: Settings) -> list[str]:
+        """The new item ids of this round. ``topk`` (the paper): the top k for ``query`` less
+        those already in the evidence, so a follow-up may add fewer than k, or none; ``fill``:
+        the first k items not yet seen. With the router on, one LLM call first picks the
+        modalities to search (all of them when it fails)."""
+        modalities = None
+        if s.router:
+            modalities = (await self._llm(ans, router_call(query))).value
+        k = s.k if s.followup == "topk" else s.k + len(seen)
+        hits = await self._timed(ans, "search", self.backends.search(qvec, k, modalities))
+        top = [i for i, _ in hits[: s.k]]
+        if ans.rounds > 1:
+            ans.followup_seen += sum(i in seen for i in top)
+            ans.followup_total += len(top)
+        pool = top if s.followup == "topk" else [i for i, _ in hits]
+        new_ids = [i for i in pool if i not in seen][: s.k]
+        ans.retrieved.append(new_ids)
+        seen.update(new_ids)
+        return new_ids
 
     async def _aggregation_tables(self, ans: Answer, question: str, items: Sequence[Item],
                                   s: Settings) -> frozenset[str]:
@@ -164,15 +197,15 @@ class Pipeline:
         tables = [it for it in items if isinstance(it, TableItem)] if s.classify_tables and s.mode == "canopy" else []
         if not tables:
             return frozenset()
-        outs = await asyncio.gather(*(self._llm(ans, table_call(question, _table_preview(tb))) for tb in tables))
+        outs = await asyncio.gather(*(self._llm(ans, table_call(question, _table_preview(tb, s.table_preview))) for tb in tables))
         return frozenset(tb.id for tb, o in zip(tables, outs) if o.value == "aggregation")
 
     def answer_sync(self, question: str, **overrides) -> Answer:
         return asyncio.run(self.answer(question, **overrides))
 
 
-def _table_preview(table: TableItem) -> str:
-    return render(build_tree(table, whole=True), [(0, min(3, len(table.rows)))])
+def _table_preview(table: TableItem, rows: int) -> str:
+    return render(build_tree(table, whole=True), [(0, min(rows, len(table.rows)))]) if rows else ""
 
 
 class LocalBackends:
@@ -184,8 +217,8 @@ class LocalBackends:
     async def encode_queries(self, texts):
         return self.encoder.encode_queries(list(texts))
 
-    async def search(self, query_vec, k):
-        return self.retriever.search(np.asarray(query_vec, np.float32)[None, :], k)[0]
+    async def search(self, query_vec, k, modalities=None):
+        return self.retriever.search(np.asarray(query_vec, np.float32)[None, :], k, modalities)[0]
 
     async def fetch(self, item_ids):
         return self.retriever.items(item_ids)
@@ -207,11 +240,13 @@ class MemoryRetriever:
         roots = [compressor.tree(it, whole=True) for it in items]
         self.vectors = np.asarray(encoder.encode_items([piece(t, [t.root.span]) for t in roots]), np.float32)
 
-    def search(self, queries: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
+    def search(self, queries: np.ndarray, k: int,
+               modalities: Sequence[str] | None = None) -> list[list[tuple[str, float]]]:
         sims = np.asarray(queries, np.float32) @ self.vectors.T
+        allowed = [modalities is None or self._items[i].modality in modalities for i in self.ids]
         out = []
         for row in sims:
-            order = np.argsort(-row, kind="stable")[:k]
+            order = [i for i in np.argsort(-row, kind="stable") if allowed[i]][:k]
             out.append([(self.ids[i], float(row[i])) for i in order])
         return out
 

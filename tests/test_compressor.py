@@ -1,11 +1,11 @@
 import json
+from importlib import resources
 
-import numpy as np
 import pytest
 
-from canopy_ray import refine
 from canopy_ray.cli import main
-from canopy_ray.compressor import Compressor, compress_tree, format_forest
+from canopy_ray.compressor import Compressor, flat, format_forest, refined
+from canopy_ray.core.evidence import piece
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import parse_item
 
@@ -14,76 +14,138 @@ TEXT = parse_item({"id": "p", "modality": "text", "title": "Tinted Windows",
                                  "It formed in New York City in 2008.",
                                  "Their first performance was in Tulsa, Oklahoma.",
                                  "The drummer also played in Cheap Trick."]})
+SAMPLE = resources.files("canopy_ray") / "assets" / "sample" / "corpus.jsonl"
 
 
-def test_compress_tree_scores_by_dot_product_and_refines():
+def _scores(tree, values):
+    return {n.span: v for n, v in zip(tree.nodes(), values)}  # pre-order
+
+
+def test_refined_result_keeps_the_forest_and_renders_it():
     tree = build_tree(TEXT)  # (0,4) (0,2) (0,1) (1,2) (2,4) (2,3) (3,4)
-    q = np.array([1.0, 0.0])
-    angles = [0.5, 0.2, 0.0, 0.0, 0.8, 0.9, 0.1]  # node scores in pre-order
-    vecs = np.array([[a, np.sqrt(1 - a * a)] for a in angles])
-    r = compress_tree(q, tree, vecs)
-    assert r.scores[(2, 4)] == pytest.approx(0.8)
-    assert r.kept == [(2, 3)] == refine(tree.root, r.scores)
+    r = refined(tree, _scores(tree, [0.5, 0.2, 0.0, 0.0, 0.8, 0.9, 0.1]))
+    assert r.kept == [(2, 3)]
     assert r.evidence.text == "Tinted Windows: Their first performance was in Tulsa, Oklahoma."
     assert r.tokens_after < r.tokens_before
     assert [n["decision"] for n in r.nodes()] == ["split", "dropped", "dropped", "dropped", "split", "kept", "dropped"]
+    assert r.to_dict()["nodes_total"] == 7
     forest = format_forest(r)
     assert "[KEEP ] 2-3 +0.9000" in forest and "0-1" not in forest  # dropped subtrees stay folded
 
 
+QUESTION = "Where did Tinted Windows first perform?"
+
+
+def _full_scores(encoder, tree, query):
+    """Every node scored, the way refinement was defined before lazy scoring."""
+    vecs = encoder.encode_nodes([piece(tree, [n.span]) for n in tree.nodes()])
+    q = encoder.encode_queries([query])[0]
+    return {n.span: float(v @ q) for n, v in zip(tree.nodes(), vecs)}
+
+
 @pytest.mark.integration
-def test_minilm_keeps_the_answer_sentence(minilm):
+def test_lazy_scoring_equals_full_scoring_and_encodes_less(minilm):
+    items = [parse_item(json.loads(line)) for line in SAMPLE.read_text().splitlines()[:12]]
     comp = Compressor(minilm)
-    (r,) = comp.compress("Where did Tinted Windows first perform?", [TEXT])
-    assert any(a <= 2 < b for a, b in r.kept)
-    assert set(r.scores) == {n.span for n in r.tree.nodes()}
+    results = comp.compress(QUESTION, items)
+    assert any(a <= 2 < b for a, b in Compressor(minilm).compress(QUESTION, [TEXT])[0].kept)
+    for r in results:
+        full = _full_scores(minilm, r.tree, QUESTION)
+        assert r.kept == refined(r.tree, full).kept
+        assert all(r.scores[s] == pytest.approx(full[s], abs=1e-5) for s in r.scores)
+        assert r.encoded == len(r.scores) <= len(full)
+        assert r.encoded_tokens == sum(minilm.token_counts(
+            [piece(r.tree, [s]) for s in r.scores]))
+    assert sum(r.encoded for r in results) < sum(len(r.tree.nodes()) for r in results)
 
 
 @pytest.mark.integration
-def test_cached_node_vectors_skip_the_encoder(minilm):
+def test_stored_and_cached_vectors_skip_the_encoder(minilm):
+    from canopy_ray.models.vector_cache import VectorCache
+
     tree = build_tree(TEXT)
-    cached = Compressor(minilm).node_vectors([tree])[0]
+    vecs = minilm.encode_nodes([piece(tree, [n.span]) for n in tree.nodes()])
 
     class Store:  # the node store's interface over vectors computed above
         def lookup(self, item_id):
-            return {n.span: v for n, v in zip(tree.nodes(), cached)} if item_id == TEXT.id else None
+            return {n.span: v for n, v in zip(tree.nodes(), vecs)} if item_id == TEXT.id else None
 
         def usable_for(self, encoder):
             return True
 
     class Refuses:
+        model_id, adapter_id = minilm.model_id, minilm.adapter_id
+
         def encode_nodes(self, nodes):
-            raise AssertionError("a cache hit must not encode")
+            raise AssertionError("a stored or cached node must not be encoded")
 
+    q = minilm.encode_queries([QUESTION])[0]
     comp = Compressor(Refuses(), node_store=Store())
-    q = minilm.encode_queries(["Where did Tinted Windows first perform?"])[0]
     (hit,) = comp.compress_items(q, [TEXT])
-    (miss,) = Compressor(minilm).compress("Where did Tinted Windows first perform?", [TEXT])
-    assert hit.kept == miss.kept
-    assert hit.scores == pytest.approx(miss.scores)
-    assert comp.stats == {"hits": len(tree.nodes()), "misses": 0}
+    (miss,) = Compressor(minilm).compress(QUESTION, [TEXT])
+    assert hit.kept == miss.kept and hit.scores == pytest.approx(miss.scores)
+    assert comp.stats["store"] == len(hit.scores) and comp.stats["encoded"] == hit.encoded == 0
+
+    cache = VectorCache(1)
+    first = Compressor(minilm, cache=cache)
+    first.compress_items(q, [TEXT])
+    again = Compressor(Refuses(), cache=cache)  # same identity: every node is a cache hit
+    (cached,) = again.compress_items(q, [TEXT])
+    assert cached.kept == miss.kept and again.stats["cache"] == len(cached.scores) and cached.encoded == 0
+    other = Compressor(type("Other", (Refuses,), {"adapter_id": "lora-x"})(), cache=cache)
+    with pytest.raises(AssertionError, match="must not be encoded"):
+        other.compress_items(q, [TEXT])  # another adapter never reads these vectors
 
 
-@pytest.mark.integration
-def test_cli_compress_json(tmp_path, capsys):
-    items = tmp_path / "items.jsonl"
-    items.write_text(json.dumps({"id": "p", "modality": "text", "title": "T",
-                                 "text": "Paris is in France. Berlin is in Germany."}) + "\n{bad\n")
-    assert main(["compress", "--query", "capital of Germany", "--items", str(items), "--json"]) == 0
-    out = capsys.readouterr()
-    (res,) = json.loads(out.out)
-    assert res["id"] == "p" and "skipped line 2" in out.err
-    assert {n["decision"] for n in res["nodes"]} <= {"kept", "split", "dropped", "within"}
-
-
-def test_flat_mode_keeps_the_m_best_leaves_and_none_keeps_items_whole():
-    from canopy_ray.compressor import flat_tree
-
+def test_flat_keeps_the_m_best_leaves():
     tree = build_tree(TEXT)
-    q = np.array([1.0, 0.0])
-    angles = [0.5, 0.2, 0.0, 0.3, 0.8, 0.9, 0.1]
-    vecs = np.array([[a, np.sqrt(1 - a * a)] for a in angles])
-    r = flat_tree(q, tree, vecs, m=2)
+    leaves = {(0, 1): 0.0, (1, 2): 0.3, (2, 3): 0.9, (3, 4): 0.1}  # flat scores leaves only
+    r = flat(tree, leaves, m=2)
     assert r.kept == [(1, 2), (2, 3)]
     assert r.evidence.text == ("Tinted Windows: It formed in New York City in 2008. "
                                "Their first performance was in Tulsa, Oklahoma.")
+
+
+class HashEncoder:
+    """Deterministic stand-in: a node's vector is a hash of its text; counts what it encodes."""
+
+    model_id, adapter_id, dim = "hash", "frozen", 8
+
+    def __init__(self):
+        self.encoded = []
+
+    def _vec(self, text):
+        import numpy as np
+
+        v = np.random.default_rng(abs(hash(text)) % 2**32).standard_normal(self.dim)
+        return v / np.linalg.norm(v)
+
+    def encode_queries(self, texts):
+        import numpy as np
+
+        return np.array([self._vec(t) for t in texts], np.float32)
+
+    def encode_nodes(self, pieces):
+        self.encoded.extend(p.spans for p in pieces)
+        return self.encode_queries([p.text for p in pieces])
+
+    def token_counts(self, pieces):
+        return [len(p.text.split()) for p in pieces]
+
+
+def test_each_mode_encodes_only_what_it_reads():
+    from canopy_ray.compressor import CompressOptions
+
+    enc = HashEncoder()
+    q = enc.encode_queries(["q"])[0]
+    comp = Compressor(enc)
+    (whole,) = comp.compress_items(q, [TEXT], CompressOptions(mode="none"))
+    assert whole.kept == [(0, 4)] and enc.encoded == [((0, 4),)] and whole.encoded == 1
+    enc.encoded.clear()
+    (fl,) = comp.compress_items(q, [TEXT], CompressOptions(mode="flat", flat_m=1))
+    assert sorted(enc.encoded) == [((i, i + 1),) for i in range(4)] and len(fl.kept) == 1
+    enc.encoded.clear()
+    (canopy,) = comp.compress_items(q, [TEXT])
+    assert enc.encoded[0] == ((0, 4),) and len(enc.encoded) == canopy.encoded == len(canopy.scores)
+    assert canopy.encoded_tokens == sum(len(piece(canopy.tree, [s]).text.split()) for s in canopy.scores)
+    assert comp.stats["encoded"] == 1 + 4 + canopy.encoded

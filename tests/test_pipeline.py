@@ -56,10 +56,10 @@ def _role_names(client):
 
 
 @pytest.mark.integration
-def test_follow_up_rounds_fetch_only_new_items(local):
+def test_fill_follow_up_rounds_fetch_only_new_items(local):
     insufficient = json.dumps({"sufficient": False, "missing": "city", "next_query": "Tulsa Oklahoma city"})
     client = Scripted(critic=[insufficient, insufficient], reader=json.dumps({"answer": "Tulsa"}), table=json.dumps({"kind": "lookup"}))
-    ans = _pipeline(local, client, k=2, rounds=3).answer_sync("Where did Tinted Windows first perform?")
+    ans = _pipeline(local, client, k=2, rounds=3, followup="fill").answer_sync("Where did Tinted Windows first perform?")
     assert ans.rounds == 3 and ans.answer == "Tulsa"
     assert ans.queries == ["Where did Tinted Windows first perform?", "Tulsa Oklahoma city", "Tulsa Oklahoma city"]
     flat = [i for r in ans.retrieved for i in r]
@@ -91,14 +91,22 @@ def test_unparseable_critic_counts_as_sufficient(local):
 
 @pytest.mark.integration
 def test_reader_cap_drops_the_oldest_evidence(local):
-    insufficient = json.dumps({"sufficient": False, "missing": "", "next_query": "cheese"})
-    client = Scripted(critic=[insufficient], reader=json.dumps({"answer": "x"}), table=json.dumps({"kind": "lookup"}))
-    ans = _pipeline(local, client, k=2, rounds=2, reader_token_cap=256, mode="none").answer_sync("Tinted Windows")
-    assert ans.tokens["reader"] <= 256
-    kept_rounds = [p.round for p in ans.evidence]
-    assert kept_rounds == sorted(kept_rounds) and kept_rounds[-1] == 2
-    if ans.tokens["after"] > 256:
-        assert len(ans.evidence) < sum(len(r) for r in ans.retrieved)
+    from canopy_ray.core.evidence import count_words, render_evidence
+
+    def answer(cap):
+        insufficient = json.dumps({"sufficient": False, "missing": "", "next_query": "cheese"})
+        client = Scripted(critic=[insufficient], reader=json.dumps({"answer": "x"}),
+                          table=json.dumps({"kind": "lookup"}))
+        return _pipeline(local, client, k=2, rounds=2, reader_token_cap=cap, mode="none").answer_sync("Tinted Windows")
+
+    full = answer(10**6).evidence  # no cap reached: every retrieved item, whole, oldest first
+    assert [p.round for p in full] == [1, 1, 2, 2]
+    cap = count_words(render_evidence(full[1:]))  # room for everything but the oldest piece
+    ans = answer(cap)
+    assert ans.tokens["after"] == count_words(render_evidence(full)) > cap  # the cap is reached
+    assert ans.evidence == full[1:]  # the oldest piece dropped, the newest (and the rest) kept whole
+    assert full[0].item_id not in [p.item_id for p in ans.evidence] and ans.evidence[-1] == full[-1]
+    assert ans.tokens["reader"] <= cap
 
 
 @pytest.mark.integration
@@ -124,3 +132,47 @@ def test_end_to_end_with_the_packaged_llm(local):
     assert ans.llm_calls["reader"] == 1 and ans.llm_calls["critic"] == ans.rounds - (ans.rounds == 2)
     assert isinstance(ans.answer, str)
     assert json.dumps(ans.to_dict())  # serialisable as the HTTP response
+
+
+@pytest.mark.integration
+def test_paper_follow_up_rule_adds_only_unseen_top_k(local):
+    """``topk`` (the default): a follow-up takes the top k for its query less the evidence, so a
+    round whose top k are all in the evidence adds nothing; ``fill`` tops it up to k new items."""
+    again = json.dumps({"sufficient": False, "missing": "", "next_query": "Where did Tinted Windows first perform?"})
+    q = "Where did Tinted Windows first perform?"
+    client = Scripted(critic=[again, again], reader=json.dumps({"answer": "Tulsa"}), table=json.dumps({"kind": "lookup"}))
+    paper = _pipeline(local, client, k=2, rounds=3).answer_sync(q)
+    assert paper.rounds == 3 and [len(r) for r in paper.retrieved] == [2, 0, 0]
+    assert paper.followup_seen == paper.followup_total == 4  # every follow-up hit repeats
+    assert len(paper.evidence) == 2 and all(p.round == 1 for p in paper.evidence)
+    client = Scripted(critic=[again, again], reader=json.dumps({"answer": "Tulsa"}), table=json.dumps({"kind": "lookup"}))
+    fill = _pipeline(local, client, k=2, rounds=3, followup="fill").answer_sync(q)
+    assert [len(r) for r in fill.retrieved] == [2, 2, 1]
+
+
+@pytest.mark.integration
+def test_router_restricts_retrieval_to_its_modalities_and_degrades_to_all(local):
+    done = json.dumps({"sufficient": True, "missing": "", "next_query": ""})
+    client = Scripted(router=json.dumps({"modalities": ["table"]}), critic=done, reader=json.dumps({"answer": "x"}),
+                      table=json.dumps({"kind": "lookup"}))
+    ans = _pipeline(local, client, k=3, rounds=1, router=True).answer_sync("What were total sales in 2019?")
+    assert ans.retrieved == [["sales"]] and ans.llm_calls["router"] == 1
+    assert _role_names(client)[0] == "router"  # before retrieval
+    broken = Scripted(router="no json", critic=done, reader=json.dumps({"answer": "x"}), table=json.dumps({"kind": "lookup"}))
+    ans = _pipeline(local, broken, k=3, rounds=1, router=True).answer_sync("What were total sales in 2019?")
+    assert len(ans.retrieved[0]) == 3 and ans.llm_failures == {"router": 1}  # every modality searched
+    off = Scripted(critic=done, reader=json.dumps({"answer": "x"}), table=json.dumps({"kind": "lookup"}))
+    assert "router" not in _pipeline(local, off, k=3, rounds=1).answer_sync("sales").llm_calls
+
+
+@pytest.mark.integration
+def test_table_classifier_sees_the_question_alone_by_default(local):
+    done = json.dumps({"sufficient": True, "missing": "", "next_query": ""})
+    client = Scripted(critic=done, reader=json.dumps({"answer": "x"}), table=json.dumps({"kind": "lookup"}))
+    _pipeline(local, client, k=5, rounds=1).answer_sync("How many contract types are in the sales table?")
+    (asked,) = [text for role, text in client.asked if role == "table"]
+    assert "1,452" not in asked and "Fixed" not in asked
+    client = Scripted(critic=done, reader=json.dumps({"answer": "x"}), table=json.dumps({"kind": "lookup"}))
+    _pipeline(local, client, k=5, rounds=1, table_preview=2).answer_sync("How many contract types?")
+    (asked,) = [text for role, text in client.asked if role == "table"]
+    assert "1,452" in asked and "1,496" not in asked  # two rows, not the third

@@ -112,15 +112,20 @@ class Interval:
 
 def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, level: float = 0.95,
                  seed: int = 0) -> Interval:
-    """Mean with a percentile bootstrap interval (resampling questions with replacement)."""
+    """Mean with a percentile bootstrap interval (resampling questions with replacement),
+    by :func:`scipy.stats.bootstrap`. No values: NaN throughout; values without spread (one
+    value, or all equal): the interval is the mean itself."""
     x = np.asarray(values, dtype=float)
     if x.size == 0:
         return Interval(float("nan"), float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(means, [tail, 100 - tail])
-    return Interval(float(x.mean()), float(low), float(high))
+    mean = float(x.mean())
+    if np.ptp(x) == 0:  # scipy needs two values, and resampling a constant gives the constant
+        return Interval(mean, mean, mean)
+    from scipy import stats  # ~1 s to import: only when an interval is asked for
+
+    ci = stats.bootstrap((x,), np.mean, n_resamples=n_boot, confidence_level=level, method="percentile",
+                         vectorized=True, rng=np.random.default_rng(seed)).confidence_interval
+    return Interval(mean, float(ci.low), float(ci.high))
 
 
 def paired_difference_ci(a: Sequence[float], b: Sequence[float], **kw) -> Interval:

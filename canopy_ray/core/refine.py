@@ -3,11 +3,14 @@
 Start at the root; explore every child scoring >= its parent (ties explore), drop the
 others with their subtrees; keep a node when no child qualifies, and keep leaves when
 reached. No threshold, budget or LLM call. The kept spans form an evidence forest.
+
+Refinement reads only the scores of the nodes it visits, so :func:`score_lazily` asks for
+them level by level and nothing else is ever encoded.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Generator, Mapping, Sequence
 
 from canopy_ray.core.hierarchy import Node, Span
 
@@ -49,3 +52,39 @@ def decisions(root: Node, scores: Mapping[Span, float]) -> dict[Span, str]:
 
     visit(root)
     return out
+
+
+Ask = list[tuple[int, Node]]
+
+
+def score_lazily(roots: Sequence[Node]) -> Generator[Ask, Sequence[float], list[dict[Span, float]]]:
+    """Algorithm 1's scores, asked for level by level: only the nodes refinement visits.
+
+    A generator over several trees at once (``roots``): it yields the ``(tree, node)`` pairs
+    whose scores it needs next and is sent their scores. First every root, then the children
+    of every node that is explored (a root, or a child scoring >= its parent), and so on. It
+    returns one ``{span: score}`` per tree, holding exactly the scores :func:`decisions`
+    reads, so ``refine(root, scores)`` equals refinement over the fully scored tree. Drive it
+    with :func:`drive` (or by hand, awaiting an encoder between levels).
+    """
+    scores: list[dict[Span, float]] = [{} for _ in roots]
+    ask: list[tuple[int, Node, float | None]] = [(i, r, None) for i, r in enumerate(roots)]
+    while ask:
+        got = yield [(i, n) for i, n, _ in ask]
+        nxt = []
+        for (i, node, parent), s in zip(ask, got, strict=True):
+            scores[i][node.span] = float(s)
+            if node.children and (parent is None or s >= parent):
+                nxt.extend((i, c, float(s)) for c in node.children)
+        ask = nxt
+    return scores
+
+
+def drive(gen: Generator[Ask, Sequence[float], list], score: Callable[[Ask], Sequence[float]]) -> list:
+    """Run :func:`score_lazily` to the end with a synchronous ``score`` function."""
+    try:
+        ask = next(gen)
+        while True:
+            ask = gen.send(score(ask))
+    except StopIteration as done:
+        return done.value

@@ -1,7 +1,8 @@
 """Caches that make repeated evaluation cheap without changing any result.
 
-- :class:`CachingEncoder` memoises an encoder's vectors by input text, in memory: methods and
-  sweep points of one worker share the candidates' item vectors and node vectors.
+- :class:`CachingEncoder` memoises an encoder's query and item vectors by input, in memory:
+  methods and sweep points of one worker share the candidates' item vectors (node vectors go
+  through the compressor's bounded :class:`~canopy_ray.models.vector_cache.VectorCache`).
 - :class:`CachedChatClient` memoises chat completions in SQLite, keyed by the model name and
   the whole request (messages, schema, max_tokens). The local and served readers decode
   greedily, so a hit returns exactly what the model would say; identical prompts recur across
@@ -56,8 +57,10 @@ class CachingEncoder:
         return self._cached("i", [(p.text, p.media) for p in items], items, self.inner.encode_items)
 
     def encode_nodes(self, nodes) -> np.ndarray:
-        nodes = list(nodes)
-        return self._cached("n", [(p.text, p.media) for p in nodes], nodes, self.inner.encode_nodes)
+        return self.inner.encode_nodes(nodes)
+
+    def token_counts(self, nodes) -> list[int]:
+        return self.inner.token_counts(nodes)
 
 
 def request_key(model: str, messages, response_format, max_tokens) -> str:

@@ -132,12 +132,28 @@ def _ratio(pair: Sequence[int]) -> float:
     return pair[0] / pair[1] if pair[1] else float("nan")
 
 
+def encode_texts(encoder, texts: Sequence[str], chunk: int = 1024) -> np.ndarray:
+    """``encoder.encode_nodes`` over texts, in chunks with a progress bar (on a terminal only)
+    when there are more than ``chunk``: thousands of gold items take minutes on a CPU."""
+    from tqdm import tqdm
+
+    from canopy_ray.core.evidence import Piece
+
+    pieces = [Piece("", "text", (), t) for t in texts]
+    if len(pieces) <= chunk:
+        return encoder.encode_nodes(pieces)
+    parts = []
+    with tqdm(total=len(pieces), desc="encoding nodes", unit="node", disable=None) as bar:
+        for i in range(0, len(pieces), chunk):
+            parts.append(encoder.encode_nodes(pieces[i:i + chunk]))
+            bar.update(len(parts[-1]))
+    return np.concatenate(parts)
+
+
 def score_items(gold: Sequence[GoldItem], q_vecs: Mapping[str, np.ndarray], encoder,
                 cache_dir: str | Path | None = None) -> list[dict]:
     """Node scores per gold item: cos(f0(q), encoder nodes); node texts encoded once each
     (and cached per encoder in ``cache_dir`` when given)."""
-    from canopy_ray.core.evidence import Piece
-
     texts: dict[str, int] = {}
     per_item = []
     for gi in gold:
@@ -145,7 +161,7 @@ def score_items(gold: Sequence[GoldItem], q_vecs: Mapping[str, np.ndarray], enco
         per_item.append([(s, texts.setdefault(node_text(gi.tree, s), len(texts))) for s in spans])
     tag = f"nodes:{getattr(encoder, 'model_id', '')}:{getattr(encoder, 'adapter_id', '')}"
     vecs = cached_array(cache_dir, "nodes", [tag, list(texts)],
-                        lambda: encoder.encode_nodes([Piece("", "text", (), t) for t in texts]))
+                        lambda: encode_texts(encoder, list(texts)))
     out = []
     for gi, rows in zip(gold, per_item):
         q = q_vecs[gi.question.question]

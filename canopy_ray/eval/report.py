@@ -30,14 +30,16 @@ from canopy_ray.eval.methods import METHODS
 from canopy_ray.eval.runs import STAGES, paired_differences
 
 ABLATION_COLUMNS = [("em", "EM"), ("f1", "F1"), ("answer_recall", "answer recall"), ("gold_recall", "gold recall"),
-                    ("tokens", "reader tokens"), ("llm_calls", "LLM calls"), ("rounds", "rounds"),
-                    ("followup_seen_share", "follow-up seen")]
+                    ("tokens", "reader tokens"), ("encoded_tokens", "encoded tokens"),
+                    ("latency_compress", "compress s"), ("latency_llm_reader", "reader s"),
+                    ("llm_calls", "LLM calls"), ("rounds", "rounds"), ("followup_seen_share", "follow-up seen")]
 DIFF_COLUMNS = [("em", "ΔEM"), ("f1", "ΔF1"), ("answer_recall", "Δanswer recall"), ("gold_recall", "Δgold recall"),
                 ("tokens", "Δreader tokens"), ("llm_calls", "ΔLLM calls")]
 SWEEP_COLUMNS = [("f1", "F1"), ("em", "EM"), ("answer_recall", "answer recall"), ("gold_recall", "gold recall"),
-                 ("tokens", "reader tokens"), ("tokens_before", "tokens before"), ("llm_calls", "LLM calls"),
+                 ("tokens", "reader tokens"), ("tokens_before", "tokens before"),
+                 ("encoded_tokens", "encoded tokens"), ("latency_compress", "compress s"), ("llm_calls", "LLM calls"),
                  ("rounds", "rounds")]
-COUNTS = {"tokens", "tokens_before", "tokens_after"}
+COUNTS = {"tokens", "tokens_before", "tokens_after", "encoded_tokens", "nodes_encoded"}
 
 
 def load_runs(results_dir: str | Path) -> list[dict]:
@@ -235,7 +237,8 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     lines = ["# CANOPY evaluation", "",
              f"{len(runs)} runs from `{results_dir}`. EM/F1: reader answer vs gold (SQuAD normalisation); "
              "answer recall: a gold answer occurs in the reader's evidence (reader-independent); gold recall: "
-             "share of gold leaves kept; reader tokens: words and punctuation of the reader's evidence.", ""]
+             "share of gold leaves kept; reader tokens: the reader's evidence in the reader's tokens (each run's "
+             "`spec.tokens_in`); encoded tokens: what the node encoder read to compress it.", ""]
     lines += ablation_markdown(runs) + sweep_markdown(runs)
     paths = {"markdown": out / "results.md"}
     write_text(paths["markdown"], "\n".join(lines) + "\n")

@@ -29,6 +29,7 @@ per-question difference between two runs on the same questions, with its interva
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import math
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from canopy_ray.compressor import Compressor
-from canopy_ray.core.evidence import TokenCounter, count_words
+from canopy_ray.core.evidence import TokenCounter
 from canopy_ray.core.items import Item, Question, iter_jsonl, parse_question
 from canopy_ray.core.splits import sample_questions, split_of
 from canopy_ray.core.metrics import answer_recall, bootstrap_ci, covered, exact_match, f1_score, paired_difference_ci
@@ -52,7 +53,8 @@ SETTINGS = ("given", "open")
 STAGES = ("encode", "search", "fetch", "compress", "llm_critic", "llm_reader", "llm_table", "total")
 # Metrics aggregated per run, in report order; ``higher`` says which direction is better.
 METRICS = ("em", "f1", "answer_recall", "gold_recall", "gold_item_recall", "tokens", "tokens_before",
-           "tokens_after", "llm_calls", "llm_failures", "rounds", "followup_seen_share",
+           "tokens_after", "nodes_encoded", "encoded_tokens", "llm_calls", "llm_failures", "rounds",
+           "followup_seen_share",
            *(f"latency_{s}" for s in STAGES))
 HIGHER_IS_BETTER = {"em", "f1", "answer_recall", "gold_recall", "gold_item_recall"}
 
@@ -166,6 +168,7 @@ def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float
         "gold_recall": _nan_to_none(frag), "gold_item_recall": _nan_to_none(item),
         "tokens": ans.tokens.get("reader", 0), "tokens_before": ans.tokens.get("before", 0),
         "tokens_after": ans.tokens.get("after", 0),
+        "nodes_encoded": ans.tokens.get("nodes_encoded", 0), "encoded_tokens": ans.tokens.get("encoded", 0),
         "llm_calls": sum(ans.llm_calls.values()) - (0 if reader else ans.llm_calls.get("reader", 0)),
         "llm_failures": sum(ans.llm_failures.values()),
         "rounds": ans.rounds,
@@ -253,8 +256,11 @@ class Runner:
     is recognised and its cache hits are recorded per question.
     """
 
-    def __init__(self, cfg, client, *, encoder=None, index=None, count_tokens: TokenCounter = count_words):
+    def __init__(self, cfg, client, *, encoder=None, index=None, count_tokens: TokenCounter | None = None):
         from canopy_ray.models.encoder import build_encoder, frozen_nodes
+        from canopy_ray.models.llm.tokens import token_counter
+
+        count_tokens = count_tokens or token_counter(cfg.llm)  # the reader's tokens
 
         encoder = encoder or build_encoder(cfg.models)
         self.cfg, self.client, self.index, self.count_tokens = cfg, client, index, count_tokens
@@ -262,6 +268,11 @@ class Runner:
         frozen = frozen_nodes(encoder)
         self.frozen_encoder = self.encoder if frozen is encoder else CachingEncoder(frozen)
         self._compressors: dict = {}
+        self.vector_cache = None  # one node-vector cache for every method, point and index
+        if cfg.models.cache_mb:
+            from canopy_ray.models.vector_cache import VectorCache
+
+            self.vector_cache = VectorCache(cfg.models.cache_mb)
 
     def compressor(self, frozen: bool, index=None) -> Compressor:
         """One compressor per node encoder and index (an index's cached node vectors are used
@@ -271,7 +282,7 @@ class Runner:
             enc = self.frozen_encoder if frozen else self.encoder
             store = index.nodes if index is not None else None
             self._compressors[key] = Compressor.from_config(self.cfg, enc, count_tokens=self.count_tokens,
-                                                            node_store=store)
+                                                            node_store=store, cache=self.vector_cache)
         return self._compressors[key]
 
     def node_adapter_id(self, method: Method) -> str:
@@ -318,13 +329,16 @@ class Runner:
     def run(self, eval_set: EvalSet, method: Method, settings: Settings | None = None, setting: str = "given",
             progress=None, index=None, reader: bool = True) -> dict:
         """A finished run: ``{spec, records, aggregate, errors, wall_s}``."""
+        from canopy_ray.models.llm.tokens import counter_name
+
         settings = settings or method.settings(self.base_settings())
         t0 = time.perf_counter()
         records = asyncio.run(self.arun(eval_set, method, settings, setting, progress, index, reader))
         good = [r for r in records if "error" not in r]
         return {
             "spec": run_spec(eval_set, method, settings, setting, self.node_adapter_id(method),
-                             getattr(self.client, "model", "")) | {"reader": reader},
+                             getattr(self.client, "model", "")) | {"reader": reader,
+                                                                   "tokens_in": counter_name(self.cfg.llm)},
             "aggregate": aggregate(good),
             "errors": len(records) - len(good),
             "wall_s": round(time.perf_counter() - t0, 2),
@@ -335,10 +349,8 @@ class Runner:
 def run_spec(eval_set: EvalSet, method: Method, settings: Settings, setting: str, adapter_id: str,
              llm_model: str = "") -> dict:
     """What a run's results depend on; a sweep reruns a point only when this changes."""
-    return {"dataset": eval_set.name, "method": method.name, "setting": setting,
-            "k": settings.k, "branching": settings.branching, "rounds": settings.rounds, "mode": settings.mode,
-            "flat_m": settings.flat_m, "reader_token_cap": settings.reader_token_cap,
-            "classify_tables": settings.classify_tables, "node_adapter": adapter_id, "llm_model": llm_model,
+    return {"dataset": eval_set.name, "method": method.name, "setting": setting, **dataclasses.asdict(settings),
+            "node_adapter": adapter_id, "llm_model": llm_model,
             "n_questions": len(eval_set.questions), "question_ids": eval_set.ids_digest}
 
 

@@ -6,7 +6,8 @@ into numbered input shards of ``shard_items`` non-blank lines: the unit of resum
 tables...) and checks that its media can be read (video with decord, images with PIL);
 a bad row keeps its ``reason`` and travels on, so every input line is accounted for.
 ``NodeEmbedder`` builds each item's hierarchy and embeds all its nodes with f_theta and the
-item with f0; the Ray Data actors and the plain benchmark loop call the same code.
+item with f0; the Ray Data actors (``SliceEmbedder``: read, validate and embed a slice of an
+input shard) and the plain benchmark loop call the same code.
 """
 
 from __future__ import annotations
@@ -106,9 +107,10 @@ def check_media(item, media_root: Path | None) -> dict:
     if not path.is_file():
         raise ItemError("missing_media", f"media file {item.path!r} not found", item.id)
     if isinstance(item, VideoItem):
-        try:
-            import decord
+        from canopy_ray.models.media import import_decord
 
+        decord = import_decord()  # not an ItemError: without decord the job stops and names the extra
+        try:
             vr = decord.VideoReader(str(path), ctx=decord.cpu(0))
             if len(vr) == 0:
                 raise ValueError("no frames")
@@ -245,3 +247,23 @@ class NodeEmbedder:
         out["node_vecs"] = np.array(nodes_b, dtype=object)
         out["item_vec"] = np.array(item_b, dtype=object)
         return out
+
+
+class SliceEmbedder(NodeEmbedder):
+    """The index job's Ray Data callable class: slices ``(file, start, stop)`` of input shards
+    -> read, validated (:func:`read_and_validate`) and embedded rows, one batch of at most
+    ``batch_items`` rows at a time.
+
+    Reading and validating in the embedding actor itself needs no validation tasks beside it:
+    on a small machine their worker processes (each importing Ray Data, pyarrow and the
+    project) took the CPUs the actors need while they load their models.
+    """
+
+    def __init__(self, models_cfg, hierarchy_cfg, media_root: str | None = None, batch_items: int = 32,
+                 device: str | None = None, threads: int | None = None, encoder=None):
+        super().__init__(models_cfg, hierarchy_cfg, device=device, threads=threads, encoder=encoder)
+        self.media_root, self.batch_items = media_root, batch_items
+
+    def __call__(self, batch: dict) -> Iterator[dict]:
+        for rows in read_and_validate(batch, self.media_root, self.batch_items):
+            yield super().__call__(rows)

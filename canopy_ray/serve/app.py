@@ -38,18 +38,32 @@ def graph(cfg: CanopyConfig):
                                               ShardSearcher)
     from canopy_ray.serve.ingress import Ingress
 
-    cpus = {"num_cpus": cfg.serve.replica_cpus}
-    query_encoder = QueryEncoder.options(ray_actor_options=cpus).bind(cfg)
-    node_encoder = NodeEncoder.options(ray_actor_options=cpus).bind(cfg)
-    refiner = Refiner.options(ray_actor_options=cpus).bind(cfg, node_encoder)
+    s = cfg.serve
+    query_encoder = QueryEncoder.options(**_options(cfg, s.query_encoder_limits)).bind(cfg)
+    node_encoder = NodeEncoder.options(**_options(cfg, s.node_encoder_limits)).bind(cfg)
+    refiner = Refiner.options(**_options(cfg, s.refiner_limits)).bind(cfg, node_encoder)
     searchers = None
-    if cfg.serve.index_dir and cfg.serve.shard_replicas:  # one replica holds one shard
+    if s.index_dir and s.shard_replicas:  # one replica holds one shard
         from canopy_ray.index.manifest import read_manifest
 
-        n = len(read_manifest(cfg.serve.index_dir)["shards"])
-        searchers = [ShardSearcher.options(name=f"ShardSearcher{s}", ray_actor_options=cpus)
-                     .bind(cfg.serve.index_dir, s) for s in range(n)]
-    retriever = Retriever.options(ray_actor_options=cpus).bind(cfg.serve.index_dir, searchers)
-    llm = LLMServer.options(ray_actor_options=cpus).bind(cfg) if cfg.llm.backend == "local" else None
-    return Ingress.options(ray_actor_options=cpus).bind(cfg, query_encoder, refiner, retriever, llm)
+        n = len(read_manifest(s.index_dir)["shards"])
+        searchers = [ShardSearcher.options(name=f"ShardSearcher{i}", **_options(cfg, s.retriever_limits))
+                     .bind(s.index_dir, i) for i in range(n)]
+    retriever = Retriever.options(**_options(cfg, s.retriever_limits)).bind(s.index_dir, searchers)
+    llm = LLMServer.options(**_options(cfg, s.llm_limits)).bind(cfg) if cfg.llm.backend == "local" else None
+    return Ingress.options(**_options(cfg, s.ingress_limits)).bind(cfg, query_encoder, refiner, retriever, llm)
 
+
+def _options(cfg: CanopyConfig, limits: tuple[int, int]) -> dict:
+    """A deployment's resources, bounded queue and health checks from ``cfg.serve``. A call past
+    ``max_ongoing_requests`` on every replica waits in its caller's queue; past
+    ``max_queued_requests`` too, Serve raises ``BackPressureError`` at once (the ingress answers
+    JSON) or, for the Ingress itself, its proxy answers ``overload_status`` as text/plain, both
+    with ``Retry-After``. A Serve config file's ``deployments:`` entry overrides these."""
+    from ray.serve.config import BackpressureConfig
+
+    s = cfg.serve
+    return dict(ray_actor_options={"num_cpus": s.replica_cpus}, max_ongoing_requests=limits[0],
+                max_queued_requests=limits[1], health_check_period_s=s.health_check_period_s,
+                health_check_timeout_s=s.health_check_timeout_s,
+                backpressure_config=BackpressureConfig(status_code=s.overload_status, retry_after_s=s.retry_after_s))

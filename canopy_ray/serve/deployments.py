@@ -4,12 +4,19 @@ QueryEncoder (f0, batched), NodeEncoder (f_theta or f0 over node pieces, batched
 Retriever (FAISS search and item fetch, optionally fanning out to one ShardSearcher per
 shard), Refiner (trees, cached node vectors, refinement) and LLMServer (the local CPU
 model behind the chat-completions protocol).
+
+The model deployments define ``check_health`` (Serve calls it every
+``serve.health_check_period_s``; raising marks the replica unhealthy and Serve replaces it): a
+forward pass that raised, or a replica idle for a period, is checked with a tiny forward pass
+(:class:`ModelHealth`), so a broken model is noticed before users meet it. A replica that
+dies outright (SIGKILL, OOM) is restarted by Serve without any check.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
+import time
+from typing import Callable, Sequence
 
 import numpy as np
 from ray import serve
@@ -20,28 +27,91 @@ from canopy_ray.core.evidence import Piece
 from canopy_ray.core.items import Item
 
 
+class ModelHealth:
+    """What ``check_health`` knows of one model: when a real forward pass last succeeded and
+    the last one that raised. :meth:`check` runs ``probe`` (a tiny forward pass) when a pass
+    raised since, or none succeeded within ``idle_s``; a passing probe clears the failure (it
+    was the request's, not the model's), a failing one raises, and Serve restarts the replica."""
+
+    def __init__(self, probe: Callable[[], object], idle_s: float):
+        self.probe, self.idle_s = probe, idle_s
+        self.error: str | None = None
+        self.last_ok = time.monotonic()
+
+    def ok(self) -> None:
+        self.last_ok = time.monotonic()
+
+    def failed(self, e: BaseException) -> None:
+        self.error = f"{type(e).__name__}: {e}"[:300]
+
+    def run(self, forward: Callable[[], object]):
+        """``forward()``, recording its success or failure."""
+        try:
+            out = forward()
+        except Exception as e:
+            self.failed(e)
+            raise
+        self.ok()
+        return out
+
+    def due(self) -> bool:
+        return self.error is not None or time.monotonic() - self.last_ok > self.idle_s
+
+    def check(self) -> None:
+        if not self.due():
+            return
+        try:
+            self.probe()
+        except Exception as e:
+            raise RuntimeError(f"the model's health probe failed ({type(e).__name__}: {e}); last request "
+                               f"failure: {self.error or 'none'}") from e
+        self.error = None
+        self.ok()
+
+
 @serve.deployment
 class QueryEncoder:
-    """f0 over query strings; concurrent requests are batched with ``@serve.batch``."""
+    """f0 over query strings; concurrent requests are batched with ``@serve.batch``, and a
+    small vector cache answers a query seen before."""
 
     def __init__(self, cfg: CanopyConfig):
         from canopy_ray.models.encoder import build_encoder
+        from canopy_ray.models.vector_cache import VectorCache
 
         self.encoder = build_encoder(cfg.models, adapter=False)
+        self.cache = VectorCache(min(cfg.models.cache_mb, 32)) if cfg.models.cache_mb else None
         self.encode.set_max_batch_size(cfg.serve.query_batch_size)
         self.encode.set_batch_wait_timeout_s(cfg.serve.batch_wait_s)
+        self.health = ModelHealth(lambda: self.encoder.encode_queries(["health check"]),
+                                  cfg.serve.health_check_period_s)
+
+    async def check_health(self):
+        """On the replica's event loop, like the batches, so a probe never overlaps one."""
+        self.health.check()
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
     async def encode(self, texts: list[str]) -> list[np.ndarray]:
-        return list(self.encoder.encode_queries(texts))
+        if self.cache is None:
+            return list(self.health.run(lambda: self.encoder.encode_queries(texts)))
+        keys = [self.cache.key(self.encoder, "query", t) for t in texts]
+        found = [self.cache.get(k) for k in keys]
+        todo = [i for i, v in enumerate(found) if v is None]
+        if todo:  # repeated questions (retries, follow-ups, popular queries) are encoded once
+            fresh = self.health.run(lambda: self.encoder.encode_queries([texts[i] for i in todo]))
+            for i, v in zip(todo, fresh):
+                found[i] = v
+                self.cache.put(keys[i], v)
+        return found
 
 
-def _flatten_encode(encode, requests: list[list[Piece]]) -> list[np.ndarray]:
+def _flatten_encode(encoder, requests: list[list[Piece]]) -> list[tuple[np.ndarray, list[int]]]:
+    """One forward pass over every request's nodes; per request its vectors and token counts."""
     flat = [p for r in requests for p in r]
-    vecs = encode(flat) if flat else np.zeros((0, 0), np.float32)
+    vecs = encoder.encode_nodes(flat) if flat else np.zeros((0, 0), np.float32)
+    tokens = encoder.token_counts(flat) if flat else []
     out, at = [], 0
     for r in requests:
-        out.append(vecs[at:at + len(r)])
+        out.append((vecs[at:at + len(r)], tokens[at:at + len(r)]))
         at += len(r)
     return out
 
@@ -59,14 +129,22 @@ class NodeEncoder:
         for method in (self.encode_tuned, self.encode_frozen):
             method.set_max_batch_size(cfg.serve.node_batch_size)
             method.set_batch_wait_timeout_s(cfg.serve.batch_wait_s)
+        self.health = ModelHealth(self._probe, cfg.serve.health_check_period_s)
+
+    def _probe(self) -> None:
+        _flatten_encode(self.tuned, [[Piece("health", "text", ((0, 1),), "Health check.")]])
+
+    async def check_health(self):
+        """On the replica's event loop, like the batches, so a probe never overlaps one."""
+        self.health.check()
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
-    async def encode_tuned(self, requests: list[list[Piece]]) -> list[np.ndarray]:
-        return _flatten_encode(self.tuned.encode_nodes, requests)
+    async def encode_tuned(self, requests: list[list[Piece]]) -> list[tuple[np.ndarray, list[int]]]:
+        return self.health.run(lambda: _flatten_encode(self.tuned, requests))
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
-    async def encode_frozen(self, requests: list[list[Piece]]) -> list[np.ndarray]:
-        return _flatten_encode(self.frozen.encode_nodes, requests)
+    async def encode_frozen(self, requests: list[list[Piece]]) -> list[tuple[np.ndarray, list[int]]]:
+        return self.health.run(lambda: _flatten_encode(self.frozen, requests))
 
     def identities(self) -> dict:
         """Per node encoder (``tuned``, ``frozen``), what a node store checks its vectors against."""
@@ -78,11 +156,15 @@ class NodeEncoder:
 
 @serve.deployment
 class Refiner:
-    """Builds trees, takes node vectors from the index's node store (items from the index
-    only) or the NodeEncoder, scores and refines."""
+    """Builds trees, scores the nodes refinement visits and refines. Vectors come from the
+    index's node store (items from the index only), the vector cache (any node this replica
+    has seen, for /v1/compress and /v1/answer alike) or the NodeEncoder."""
 
     def __init__(self, cfg: CanopyConfig, node_encoder):
+        from canopy_ray.models.vector_cache import VectorCache
+
         self.cfg, self.node_encoder = cfg, node_encoder
+        self.cache = VectorCache(cfg.models.cache_mb) if cfg.models.cache_mb else None
         self.store = None
         if cfg.serve.index_dir:
             from canopy_ray.index import load_index
@@ -93,8 +175,11 @@ class Refiner:
     async def _compressor(self, opts: CompressOptions) -> Compressor:
         if self.compressors is None:  # the node store checks vectors against the encoder's identity
             identities = await self.node_encoder.identities.remote()
+            from canopy_ray.models.llm.tokens import token_counter
+
+            count = token_counter(self.cfg.llm)  # the reader's tokens, as the ingress counts them
             self.compressors = {(name, store): Compressor.from_config(
-                self.cfg, ident, node_store=self.store if store else None)
+                self.cfg, ident, node_store=self.store if store else None, cache=self.cache, count_tokens=count)
                 for name, ident in identities.items() for store in (True, False)}
         return self.compressors[(opts.node_encoder, opts.use_store)]
 
@@ -106,8 +191,16 @@ class Refiner:
         async def encode(pieces):
             return await method.remote(list(pieces))
 
-        trees = comp.trees(items, opts)
-        return comp.finish(query_vec, trees, await comp.anode_vectors(trees, encode), opts)
+        return await comp.acompress_items(query_vec, items, opts, encode)
+
+    def stats(self) -> dict:
+        """Where node vectors came from, per node encoder, and the vector cache."""
+        by_encoder: dict[str, dict] = {}
+        for (name, _), comp in (self.compressors or {}).items():
+            for k, v in comp.stats.items():
+                by_encoder.setdefault(name, {}).setdefault(k, 0)
+                by_encoder[name][k] += v
+        return {"nodes": by_encoder, "vector_cache": self.cache.stats() if self.cache else None}
 
 
 @serve.deployment
@@ -135,9 +228,9 @@ class Retriever:
         self.index = load_index(index_dir, verify=True) if index_dir else None
         self.shards = shard_searchers or []
 
-    async def search(self, query_vec: np.ndarray, k: int) -> list[tuple[str, float]]:
-        if not self.shards:
-            return self.index.search(np.asarray(query_vec, np.float32)[None, :], k)[0]
+    async def search(self, query_vec: np.ndarray, k: int, modalities=None) -> list[tuple[str, float]]:
+        if not self.shards or modalities is not None:  # a modality subset is searched here, exactly
+            return self.index.search(np.asarray(query_vec, np.float32)[None, :], k, modalities)[0]
         from canopy_ray.index.shards import merge_topk
 
         parts = await asyncio.gather(*(s.search.remote(query_vec, k) for s in self.shards))
@@ -157,21 +250,55 @@ class Retriever:
 
 @serve.deployment
 class LLMServer:
-    """The local CPU model behind the OpenAI chat-completions protocol. ``chat`` is a sync
-    method, so Serve runs the blocking generation in its thread pool."""
+    """The local CPU model behind the OpenAI chat-completions protocol. ``chat`` and
+    ``chat_stream`` are sync, so Serve runs the blocking generation in its thread pool;
+    ``chat_stream`` is a generator (call it with ``handle.options(stream=True)``). A generation
+    that raises is answered 500 (OpenAI's shape) and flags the model for ``check_health``, which
+    probes it with a one-token generation (also after a minute idle) and fails if that fails."""
 
     def __init__(self, cfg: CanopyConfig):
         from canopy_ray.models.llm.local import SmolLM2Backend
 
         self.backend = SmolLM2Backend(cache_dir=cfg.llm.cache_dir, max_new_tokens=cfg.llm.max_new_tokens,
                                       threads=cfg.llm.threads)
+        self.created = int(time.time())
+        probe = [{"role": "user", "content": "Hi"}]
+        self.health = ModelHealth(lambda: self.backend.generate(probe, max_new_tokens=1),
+                                  max(60.0, cfg.serve.health_check_period_s))
+
+    async def check_health(self):
+        if self.health.due():  # in a thread: the probe waits for the generation lock
+            await asyncio.to_thread(self.health.check)
 
     def chat(self, request: dict) -> tuple[int, dict]:
         from canopy_ray.models.llm.local import handle_chat_completion
         from canopy_ray.models.llm.protocol import LLMRequestError, error_body
 
         try:
-            return 200, handle_chat_completion(request, self.backend)
-        except LLMRequestError as e:
+            reply = handle_chat_completion(request, self.backend)
+        except LLMRequestError as e:  # the request's fault, not the model's
             return e.status, error_body(e)
+        except Exception as e:  # the model's: check_health probes it
+            self.health.failed(e)
+            return 500, error_body(LLMRequestError(f"generation failed: {type(e).__name__}", status=500,
+                                                   code="server_error"))
+        self.health.ok()
+        return 200, reply
 
+    def chat_stream(self, request: dict):
+        """First ``(status, error body or None)``, then, on 200, the ``chat.completion.chunk``
+        dicts as tokens are decoded."""
+        from canopy_ray.models.llm.local import stream_chat_completion
+        from canopy_ray.models.llm.protocol import LLMRequestError, error_body
+
+        try:
+            chunks = stream_chat_completion(request, self.backend)
+        except LLMRequestError as e:
+            yield e.status, error_body(e)
+            return
+        yield 200, None
+        yield from chunks
+
+    def model(self) -> dict:
+        """The served model as an OpenAI ``/v1/models`` entry."""
+        return {"id": self.backend.model_name, "object": "model", "created": self.created, "owned_by": "canopy-ray"}

@@ -31,11 +31,17 @@ class AnswerRequest(Request):
 
 
 class ApiError(Exception):
-    """A client error with an HTTP status and a machine-readable reason."""
+    """An error answer: an HTTP status, a machine-readable reason, a message, optional detail
+    fields for the body and ``headers`` (``Retry-After`` on 429/503). ``retryable``: the call
+    that raised it may be made again (a replica died under it)."""
 
-    def __init__(self, status: int, reason: str, message: str, **detail):
+    retryable = False
+
+    def __init__(self, status: int, reason: str, message: str, *, headers: dict[str, str] | None = None,
+                 **detail):
         super().__init__(message)
         self.status, self.reason, self.message, self.detail = status, reason, message, detail
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"reason": self.reason, "message": self.message, **self.detail}}

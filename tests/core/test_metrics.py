@@ -57,6 +57,19 @@ def test_bootstrap_interval_of_a_known_sample():
     assert bootstrap_ci([3.0, 3.0]).low == 3.0
 
 
+def test_bootstrap_is_scipys_percentile_interval():
+    from scipy import stats
+
+    x = np.random.default_rng(3).random(40)
+    ref = stats.bootstrap((x,), np.mean, n_resamples=500, confidence_level=0.9, method="percentile",
+                          rng=np.random.default_rng(7)).confidence_interval
+    ci = bootstrap_ci(x, n_boot=500, level=0.9, seed=7)
+    assert (ci.low, ci.high) == pytest.approx((ref.low, ref.high))
+    assert bootstrap_ci(x, seed=1) == bootstrap_ci(x, seed=1)  # seeded: the same interval every time
+    assert bootstrap_ci([0.7]) == bootstrap_ci([0.7, 0.7]) and bootstrap_ci([0.7]).high == 0.7  # no spread
+    assert math.isnan(bootstrap_ci([]).mean)
+
+
 def test_paired_difference_of_identical_methods_is_zero():
     a = np.random.default_rng(0).random(30)
     ci = paired_difference_ci(a, a)

@@ -1,7 +1,8 @@
+import pytest
 from hypothesis import given, strategies as st
 
 from canopy_ray import balanced_tree, refine
-from canopy_ray.core.refine import decisions
+from canopy_ray.core.refine import KEPT, decisions
 
 
 def test_the_authors_six_sentence_example_keeps_the_first_half_whole():
@@ -14,6 +15,26 @@ def test_the_authors_six_sentence_example_keeps_the_first_half_whole():
     assert d[(0, 6)] == "split" and d[(0, 3)] == "kept"
     assert d[(3, 6)] == "dropped" and d[(3, 4)] == "dropped"  # dropped with its subtree
     assert d[(0, 2)] == "within" and d[(2, 3)] == "within"
+
+
+@pytest.mark.parametrize("n,scores,kept", [
+    # the authors' example, every node scored: (0, 2) and (2, 3) fall below (0, 3), whatever their children
+    (6, {(0, 6): 0.3749, (0, 3): 0.4041, (3, 6): 0.3528, (0, 2): 0.3837, (2, 3): 0.3618, (0, 1): 0.9,
+         (1, 2): 0.9, (3, 5): 0.9, (5, 6): 0.9, (3, 4): 0.9, (4, 5): 0.9}, [(0, 3)]),
+    # 5 -> (3 -> 2|1) | (2 -> 1|1): both halves explored; on the left only the leaf (2, 3) rises,
+    # on the right neither leaf does, so (3, 5) is kept whole
+    (5, {(0, 5): 0.2, (0, 3): 0.3, (3, 5): 0.25, (0, 2): 0.29, (2, 3): 0.31, (0, 1): 0.9, (1, 2): 0.9,
+         (3, 4): 0.1, (4, 5): 0.2}, [(2, 3), (3, 5)]),
+    # 4 -> 2|2: the left half ties its parent (explored) and its leaves tie or rise, down to both
+    # leaves; the right half is dropped although its leaves score high
+    (4, {(0, 4): 0.5, (0, 2): 0.5, (2, 4): 0.4, (0, 1): 0.5, (1, 2): 0.6, (2, 3): 0.9, (3, 4): 0.9},
+     [(0, 1), (1, 2)]),
+    # 3 -> (2 -> 1|1) | 1: both halves rise; the leaf (2, 3) is kept when reached, and under (0, 2)
+    # only (0, 1) rises
+    (3, {(0, 3): 0.1, (0, 2): 0.2, (2, 3): 0.15, (0, 1): 0.25, (1, 2): 0.0}, [(0, 1), (2, 3)]),
+])
+def test_hand_worked_forests(n, scores, kept):
+    assert refine(balanced_tree(n, 2), scores) == kept
 
 
 def test_ties_explore():
@@ -57,7 +78,17 @@ def test_decisions_are_consistent_with_kept(n, b, data):
     scores = _random_scores(root, data)
     d = decisions(root, scores)
     assert set(d) == {node.span for node, _ in root.walk()}
-    assert [s for s, v in d.items() if v == "kept"] == refine(root, scores)
+    # Algorithm 1 restated without recursion: a node is kept when every step from the root
+    # down to it rises or ties, and no child of it does
+    parent = {c.span: node.span for node, _ in root.walk() for c in node.children}
+    children = {node.span: [c.span for c in node.children] for node, _ in root.walk()}
+
+    def reached(s):
+        return s not in parent or (scores[s] >= scores[parent[s]] and reached(parent[s]))
+
+    expected = sorted(s for s in children if reached(s) and all(scores[c] < scores[s] for c in children[s]))
+    assert refine(root, scores) == expected
+    assert [s for s, v in d.items() if v == KEPT] == expected
     for node, _ in root.walk():
         if d[node.span] == "split":
             assert any(d[c.span] in ("split", "kept") for c in node.children)

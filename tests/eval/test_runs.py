@@ -100,11 +100,12 @@ def test_every_method_runs_with_all_metrics(tiny_runs):
 
 
 @pytest.mark.integration
-def test_methods_behave_as_specified(tiny_runs):
+def test_methods_behave_as_specified(tiny_runs, tiny_set, minilm, random_adapter, monkeypatch):
     by = {name: {r["id"]: r for r in run["records"]} for name, run in tiny_runs.items()}
     for r in by["vanilla"].values():  # one round, whole items, every candidate retrieved (k=10)
         assert r["rounds"] == 1 and r["llm_calls_by_role"] == {"reader": 1}
-        assert r["tokens"] == r["tokens_before"] == r["tokens_after"]
+        # nothing compressed; the reader's tokens add the separators between the items
+        assert r["tokens_before"] == r["tokens_after"] <= r["tokens"] <= r["tokens_after"] + 2 * len(r["kept"])
         assert r["gold_recall"] == r["gold_item_recall"] == 1.0
     for r in by["no_iteration"].values():
         assert r["rounds"] == 1 and "critic" not in r["llm_calls_by_role"]
@@ -119,6 +120,52 @@ def test_methods_behave_as_specified(tiny_runs):
     assert tiny_runs["frozen"]["spec"]["node_adapter"] == tiny_runs["canopy"]["spec"]["node_adapter"] == "frozen"
     for qid, r in by["canopy"].items():
         assert by["frozen"][qid]["kept"] == r["kept"] and by["frozen"][qid]["prediction"] == r["prediction"]
+
+    # with an adapter (f_theta != f0): frozen scores nodes with f0, canopy with f_theta
+    from canopy_ray.core.evidence import piece
+    from canopy_ray.eval import runs
+    from canopy_ray.models.encoder import TextEncoder
+
+    tuned = Runner(load_config(None), ScriptedClient(), encoder=TextEncoder(adapter=random_adapter))
+    record = runs.question_record
+
+    def run_scores(method):
+        """The run, and per question the node scores of every item the pipeline compressed."""
+        answers = {}
+
+        def keep(q, ans, *args, **kw):
+            answers[q.id] = ans
+            return record(q, ans, *args, **kw)
+
+        with monkeypatch.context() as m:
+            m.setattr(runs, "question_record", keep)
+            return tuned.run(tiny_set, METHODS[method]), answers
+
+    def f0_scores(ans):
+        """s(q, v) with f0 on both sides, for the query of the round that compressed the item."""
+        out = {}
+        for r in ans.results:
+            q = minilm.encode_queries([ans.queries[r.evidence.round - 1]])[0]
+            v = minilm.encode_items([piece(r.tree, [n.span]) for n in r.tree.nodes()])
+            out[r.id] = {n.span: float(x) for n, x in zip(r.tree.nodes(), v @ q)}
+        return out
+
+    frozen_run, frozen_ans = run_scores("frozen")
+    canopy_run, canopy_ans = run_scores("canopy")
+    assert frozen_run["spec"]["node_adapter"] == "frozen"
+    assert canopy_run["spec"]["node_adapter"] == tuned.encoder.adapter_id != "frozen"
+    for qid in frozen_ans:  # on the nodes refinement scored (it scores only those it visits)
+        ans = frozen_ans[qid]
+        f0 = f0_scores(ans)
+        for r in ans.results:
+            assert r.scores and r.scores == pytest.approx({s: f0[r.id][s] for s in r.scores}, abs=1e-5), (qid, r.id)
+        ans = canopy_ans[qid]
+        f0 = f0_scores(ans)
+        assert ans.results
+        for r in ans.results:
+            assert max(abs(x - f0[r.id][s]) for s, x in r.scores.items()) > 1e-3, (qid, r.id)
+    # frozen with the adapter loaded reproduces canopy without one
+    assert [r["kept"] for r in frozen_run["records"]] == [r["kept"] for r in tiny_runs["canopy"]["records"]]
 
 
 @pytest.mark.integration

@@ -17,6 +17,9 @@ class CountingEncoder:
     def __init__(self, adapter_id="frozen", model_id="fake"):
         self.adapter_id, self.model_id, self.calls = adapter_id, model_id, 0
 
+    def token_counts(self, pieces):
+        return [1] * len(pieces)
+
     def encode_nodes(self, pieces):
         self.calls += len(pieces)
         out = []
@@ -52,29 +55,33 @@ def test_lookup_is_memory_mapped_and_fp16(store_dir):
     assert set(cached) == {n.span for n in tree("a", 5).nodes()}
 
 
-def compressor(store, enc):
+Q = np.ones(8, np.float32) / np.sqrt(8)
+
+
+def compress(store, enc, trees):
+    """Compress through the Compressor, the store's consumer; the stats say what came from where."""
     from canopy_ray.compressor import Compressor
 
-    return Compressor(enc, node_store=store)
+    comp = Compressor(enc, node_store=store)
+    return comp.compress_items(Q, [t.item for t in trees]), comp.stats
 
 
 def test_cached_vectors_match_fresh_encoding_and_count_hits(store_dir):
     store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
     enc = CountingEncoder()
+    (r,), stats = compress(store, enc, [tree("a", 5)])
+    assert enc.calls == 0 and stats["store"] == len(r.scores) and stats["encoded"] == 0
+    cached = store.lookup("a")
     t = tree("a", 5)
-    comp = compressor(store, enc)
-    [got] = comp.node_vectors([t])
-    assert enc.calls == 0 and comp.stats == {"hits": 9, "misses": 0}
     fresh = CountingEncoder().encode_nodes([piece(t, [n.span]) for n in t.nodes()])
-    np.testing.assert_allclose(got, fresh, atol=2e-3)  # fp16 storage
+    np.testing.assert_allclose(np.stack([cached[n.span] for n in t.nodes()]), fresh, atol=2e-3)  # fp16
 
 
 def test_unknown_item_falls_back_to_the_encoder(store_dir):
     store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
     enc = CountingEncoder()
-    comp = compressor(store, enc)
-    [got] = comp.node_vectors([tree("new", 4)])
-    assert got.shape == (7, 8) and enc.calls == 7 and comp.stats["misses"] == 7
+    (r,), stats = compress(store, enc, [tree("new", 4)])
+    assert enc.calls == stats["encoded"] == len(r.scores) > 0 and stats["store"] == 0
     assert store.lookup("new") is None
 
 
@@ -83,18 +90,19 @@ def test_changed_adapter_falls_back_for_every_node(store_dir):
     enc = CountingEncoder(adapter_id="lora-0123")
     assert not store.usable_for(enc) and store.usable_for(CountingEncoder())
     assert not store.usable_for(CountingEncoder(model_id="other"))
-    comp = compressor(store, enc)
-    comp.node_vectors([tree("a", 5)])
-    assert enc.calls == 9 and comp.stats["hits"] == 0
+    (r,), stats = compress(store, enc, [tree("a", 5)])
+    assert enc.calls == len(r.scores) and stats["store"] == 0
 
 
-def test_other_branching_and_empty_store(store_dir):
+def test_other_branching_encodes_only_the_spans_the_store_lacks(store_dir):
+    from canopy_ray.compressor import CompressOptions, Compressor
+
     store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
+    stored = store.lookup("a")
     enc = CountingEncoder()
-    t3 = build_tree(tree("a", 5).item, branching=3)  # root and leaves are cached, (0, 2) is not
-    comp = compressor(store, enc)
-    comp.node_vectors([t3])
-    assert comp.stats["misses"] == sum(n.span not in store.lookup("a") for n in t3.nodes()) > 0
-    enc = CountingEncoder()
-    comp = compressor(NodeStore.empty(), enc)
-    assert comp.node_vectors([tree("a", 5)])[0].shape == (9, 8) and enc.calls == 9
+    comp = Compressor(enc, node_store=store)
+    (r,) = comp.compress_items(Q, [tree("a", 5).item], CompressOptions(branching=3))
+    assert [c.span for c in r.tree.root.children] == [(0, 2), (2, 4), (4, 5)]
+    assert enc.calls == comp.stats["encoded"] == sum(s not in stored for s in r.scores)
+    assert comp.stats["store"] == sum(s in stored for s in r.scores) > 0
+    assert NodeStore.empty().lookup("a") is None and len(NodeStore.empty()) == 0

@@ -56,11 +56,18 @@ def test_zero_initialised_lora_f_theta_equals_f0(f0, tmp_path):
 
 
 def test_trained_lora_changes_nodes_only(f0, tmp_path):
-    enc = TextEncoder(adapter=lora_dir(tmp_path, perturb=True))
+    adapter = lora_dir(tmp_path, perturb=True)
+    enc = TextEncoder(adapter=adapter)
     ref = f0.encode_queries(TEXTS)
     np.testing.assert_allclose(enc.encode_queries(TEXTS), ref, atol=1e-5)  # f0 stays frozen
     np.testing.assert_allclose(enc.encode_items(pieces(TEXTS)), ref, atol=1e-5)
     assert np.abs(enc.encode_nodes(pieces(TEXTS)) - ref).max() > 1e-3
+    # f_theta is served from a merged copy; the unmerged PEFT branches give the same vectors
+    assert enc.node_model is not None
+    unmerged = TextEncoder(adapter=adapter, merge_adapter=False)
+    assert unmerged.node_model is None
+    np.testing.assert_allclose(enc.encode_nodes(pieces(TEXTS)), unmerged.encode_nodes(pieces(TEXTS)), atol=1e-5)
+    np.testing.assert_allclose(unmerged.encode_queries(TEXTS), ref, atol=1e-5)
 
 
 def test_build_encoder_from_config():
@@ -69,3 +76,39 @@ def test_build_encoder_from_config():
     assert isinstance(enc, TextEncoder) and enc.dim == 384 and enc.batch_size == 2
     with pytest.raises(ValueError, match="encoder_path"):
         build_encoder(load_config(None, models={"encoder": "qwen3-vl"}).models)
+
+
+# Texts of very different lengths: one past max_length (truncated), some of a few tokens.
+MIXED = ["Short.", " ".join(["The river flows north past the old mill and the stone bridge."] * 40),
+         "Jupiter has 95 moons.", "", "Paris is the capital of France, on the Seine, with about two million people.",
+         " ".join(["A table row: year 2019, revenue 1,204, cost 987."] * 6), "Yes"]
+
+
+def test_sorted_token_budget_batches_equal_each_text_alone(tmp_path):
+    enc = TextEncoder(adapter=lora_dir(tmp_path, perturb=True), max_length=128, batch_size=3, batch_tokens=200)
+    lengths = enc.token_counts(pieces(MIXED))
+    batches = enc.batches(lengths)
+    assert sorted(i for b in batches for i in b) == list(range(len(MIXED)))  # each text once
+    assert len(batches) > 2 and all(len(b) <= 3 and (len(b) == 1 or len(b) * lengths[b[0]] <= 200)
+                                    for b in batches)
+    assert [lengths[i] for b in batches for i in b] == sorted(lengths, reverse=True)
+    for encode, wrap in ((enc.encode_nodes, pieces), (enc.encode_queries, list), (enc.encode_items, pieces)):
+        together = encode(wrap(MIXED))
+        alone = np.concatenate([encode(wrap([t])) for t in MIXED])
+        np.testing.assert_allclose(together, alone, atol=1e-5)  # and in the caller's order
+    import torch
+
+    with torch.no_grad():  # the unsorted path: one padded batch in the given order, adapter active
+        padded = enc.forward(MIXED).numpy()
+    np.testing.assert_allclose(enc.encode_nodes(pieces(MIXED)), padded, atol=1e-5)
+
+
+def test_token_counts_after_truncation_with_special_tokens(f0):
+    counts = f0.token_counts(pieces(MIXED))
+    tok = f0.tokenizer
+    assert counts[0] == len(tok("Short.")["input_ids"]) == 4  # [CLS] short . [SEP]
+    assert counts[1] == f0.max_length == 256  # truncated
+    assert counts[3] == 2 and f0.token_counts([]) == []
+    from canopy_ray.models.encoder import FrozenNodes
+
+    assert FrozenNodes(f0).token_counts(pieces(MIXED)) == counts

@@ -3,7 +3,9 @@
 ``base_url`` includes the API version, as with the OpenAI SDK: ``http://127.0.0.1:8000/v1``;
 requests go to ``{base_url}/chat/completions``. Failures raise typed errors from
 :mod:`canopy_ray.models.llm.protocol`: :class:`LLMTimeoutError`, :class:`LLMConnectionError`,
-:class:`LLMHTTPError` (non-2xx, with the server's error message) and :class:`LLMResponseError`.
+:class:`LLMHTTPError` (non-2xx, with the server's error message) and :class:`LLMResponseError`
+(a 2xx body that is not a chat completion, or not JSON at all). Nothing else escapes a call:
+a refused or reset connection, a protocol error or a read that times out is one of these.
 """
 
 from __future__ import annotations
@@ -17,10 +19,14 @@ from canopy_ray.models.llm.protocol import (ChatResult, LLMConnectionError, LLMH
                                             LLMTimeoutError, Message, build_request, parse_response)
 
 
+# every way a request can fail below HTTP: refused, reset, timed out, a broken stream or protocol
+_TRANSPORT = (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, OSError)
+
+
 def _error_message(response: httpx.Response) -> str:
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return response.text[:300] or response.reason_phrase
     if isinstance(body, dict):
         err = body.get("error", body.get("detail", body))
@@ -64,14 +70,14 @@ class OpenAIHTTPClient:
             raise LLMHTTPError(response.status_code, _error_message(response), self.url)
         try:
             body: Any = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             raise LLMResponseError(f"{self.url} answered {response.status_code} with a body that is not "
                                    f"JSON: {response.text[:120]!r}") from None
         r = parse_response(body)
         return ChatResult(r.content, r.finish_reason, r.prompt_tokens, r.completion_tokens, r.model,
                           time.perf_counter() - t0)
 
-    def _transport_error(self, e: httpx.HTTPError) -> Exception:
+    def _transport_error(self, e: Exception) -> Exception:
         if isinstance(e, httpx.TimeoutException):
             return LLMTimeoutError(f"{self.url}: timed out ({type(e).__name__}, limit {self._timeout.read} s)")
         return LLMConnectionError(f"{self.url}: {type(e).__name__}: {e}")
@@ -85,7 +91,7 @@ class OpenAIHTTPClient:
         t0 = time.perf_counter()
         try:
             response = self._client.post(self.url, json=self._body(messages, response_format, max_tokens))
-        except httpx.HTTPError as e:
+        except _TRANSPORT as e:
             raise self._transport_error(e) from None
         return self._result(response, t0)
 
@@ -109,7 +115,7 @@ class OpenAIHTTPClient:
         t0 = time.perf_counter()
         try:
             response = await self._aclient.post(self.url, json=self._body(messages, response_format, max_tokens))
-        except httpx.HTTPError as e:
+        except _TRANSPORT as e:
             raise self._transport_error(e) from None
         return self._result(response, t0)
 

@@ -22,12 +22,18 @@ Why xgrammar for constrained decoding:
 - alternatives: outlines (regex FSM built in Python, slow to compile for large vocabularies),
   lm-format-enforcer (character-level parser per step, slower, weaker schema coverage).
 
-Decoding is greedy with a KV cache; generation stops when the grammar terminates (on the
-end-of-turn token), at the end-of-turn token without a grammar, or at ``max_tokens``.
+Decoding is greedy with a KV cache, one token per step in our own loop; generation stops when
+the grammar terminates (on the end-of-turn token), at the end-of-turn token without a grammar,
+at a ``stop`` string (cut off the returned text) or at ``max_tokens``. Being greedy, it ignores
+``seed`` and ``temperature``. The loop yields text as it is decoded (:meth:`SmolLM2Backend.stream`),
+so streamed replies arrive token by token. ``xgrammar.contrib.hf.LogitsProcessor`` with
+``model.generate`` gives identical outputs, but ``generate`` owns its loop: streaming and stop
+strings would then need a streamer thread, a queue and a stopping criterion around it.
 
 :func:`handle_chat_completion` is the OpenAI ``/v1/chat/completions`` handler (request dict in,
-response dict out, :class:`LLMRequestError` for a 4xx); a Serve deployment wraps it, and
-:class:`LocalChatClient` calls it in-process so both paths validate identically.
+response dict out, :class:`LLMRequestError` for a 4xx) and :func:`stream_chat_completion` its
+streaming form (``chat.completion.chunk`` dicts); a Serve deployment wraps them, and
+:class:`LocalChatClient` calls the handler in-process so both paths validate identically.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from canopy_ray.models.llm.protocol import (ChatRequest, ChatResult, LLMRequestError, Message, build_request,
                                             parse_response, validate_request)
@@ -130,6 +136,38 @@ class Generation:
     finish_reason: str  # "stop" | "length"
 
 
+class StopText:
+    """The text of a generation as tokens arrive: :meth:`push` returns the new text that can
+    no longer change, cut before the first ``stop`` string (then ``stopped`` is set). Held
+    back meanwhile: an incomplete UTF-8 character, and an end that may begin a stop string.
+    ``decode`` maps all token ids so far to text; the pieces returned by ``push`` and
+    :meth:`flush` add up to ``text``."""
+
+    def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str] = ()):
+        self.decode, self.stop = decode, tuple(stop)
+        self.ids: list[int] = []
+        self.text, self.sent, self.stopped = "", 0, False
+
+    def _emit(self, upto: int) -> str:
+        out, self.sent = self.text[self.sent:upto], max(self.sent, upto)
+        return out
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        self.text = self.decode(self.ids)
+        cut = min((i for i in (self.text.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped, self.text = True, self.text[:cut]
+            return self._emit(cut)
+        safe = len(self.text.rstrip("\ufffd"))
+        held = max((k for s in self.stop for k in range(1, len(s)) if self.text[:safe].endswith(s[:k])),
+                   default=0)
+        return self._emit(safe - held)
+
+    def flush(self) -> str:
+        return self._emit(len(self.text))
+
+
 class SmolLM2Backend:
     """SmolLM2-135M-Instruct, greedy, optionally constrained to a JSON schema.
 
@@ -204,11 +242,15 @@ class SmolLM2Backend:
     # ---------------------------------------------------------------- decoding
 
     def generate(self, messages: Sequence[dict[str, str]], *, fmt: str = "text", schema: dict | None = None,
-                 max_new_tokens: int | None = None) -> Generation:
+                 max_new_tokens: int | None = None, stop: Sequence[str] = ()) -> Generation:
         """Greedy decoding of one assistant turn (raises :class:`LLMRequestError` for a bad request)."""
-        import torch
-        import xgrammar as xgr
+        *_, gen = self.stream(messages, fmt=fmt, schema=schema, max_new_tokens=max_new_tokens, stop=stop)
+        return gen
 
+    def stream(self, messages: Sequence[dict[str, str]], *, fmt: str = "text", schema: dict | None = None,
+               max_new_tokens: int | None = None, stop: Sequence[str] = ()) -> Iterator[str | Generation]:
+        """:meth:`generate` as it decodes: text pieces (they add up to the reply), then the
+        :class:`Generation`. A bad request raises :class:`LLMRequestError` here, before decoding."""
         limit = max_new_tokens or self.max_new_tokens
         if limit > self.max_tokens_limit:
             raise LLMRequestError(f"max_tokens {limit} exceeds this server's limit {self.max_tokens_limit}",
@@ -219,20 +261,27 @@ class SmolLM2Backend:
             raise LLMRequestError(
                 f"the prompt has {len(ids)} tokens; with max_tokens {limit} it exceeds the context "
                 f"window of {self.context_window} tokens", param="messages", code="context_length_exceeded")
+        return self._decode(ids, compiled, limit, stop)
+
+    def _decode(self, ids: list[int], compiled, limit: int, stop: Sequence[str]) -> Iterator[str | Generation]:
+        import torch
+        import xgrammar as xgr
+
         matcher = xgr.GrammarMatcher(compiled) if compiled is not None else None
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size) if matcher else None
-        out: list[int] = []
+        text = StopText(lambda out: self.tokenizer.decode(out, skip_special_tokens=True), stop)
         finish = "length"
-        with self._lock, torch.inference_mode():
+        with self._lock:  # held while the caller reads the pieces: one generation at a time
             inputs, cache = torch.tensor([ids]), None
             for _ in range(limit):
-                result = self.model(input_ids=inputs, cache=cache, use_cache=True)
-                cache = result.cache if hasattr(result, "cache") else result.past_key_values
-                logits = result.logits[:, -1, :].float()
-                if matcher is not None:
-                    matcher.fill_next_token_bitmask(bitmask)
-                    xgr.apply_token_bitmask_inplace(logits, bitmask)
-                token = int(logits.argmax(-1))
+                with torch.inference_mode():  # per step: a paused generator must not leave it on
+                    result = self.model(input_ids=inputs, cache=cache, use_cache=True)
+                    cache = result.cache if hasattr(result, "cache") else result.past_key_values
+                    logits = result.logits[:, -1, :].float()
+                    if matcher is not None:
+                        matcher.fill_next_token_bitmask(bitmask)
+                        xgr.apply_token_bitmask_inplace(logits, bitmask)
+                    token = int(logits.argmax(-1))
                 if matcher is not None:
                     if not matcher.accept_token(token):  # cannot happen with the mask applied
                         raise RuntimeError(f"grammar rejected token {token}")
@@ -242,26 +291,48 @@ class SmolLM2Backend:
                 elif token in self.eos_ids:
                     finish = "stop"
                     break
-                out.append(token)
+                piece = text.push(token)
+                if piece:
+                    yield piece
+                if text.stopped:
+                    finish = "stop"
+                    break
                 inputs = torch.tensor([[token]])
-        text = self.tokenizer.decode(out, skip_special_tokens=True)
-        return Generation(text, len(ids), len(out), finish)
+        rest = text.flush()
+        if rest:
+            yield rest
+        yield Generation(text.text, len(ids), len(text.ids), finish)
 
     def handle_chat_completion(self, request: Any) -> dict:
         return handle_chat_completion(request, self)
 
 
+def _validated(request: Any, backend) -> ChatRequest:
+    req = validate_request(request)
+    if req.model and req.model != backend.model_name:
+        raise LLMRequestError(f"model {req.model!r} is not served here (this server has {backend.model_name!r})",
+                              status=404, param="model", code="model_not_found")
+    return req
+
+
+def _decoding(req: ChatRequest) -> dict:
+    return dict(fmt=req.format, schema=req.schema, max_new_tokens=req.max_tokens, stop=req.stop)
+
+
+def _usage(gen: Generation) -> dict:
+    return {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
+            "total_tokens": gen.prompt_tokens + gen.completion_tokens}
+
+
 def handle_chat_completion(request: Any, backend: SmolLM2Backend) -> dict:
-    """OpenAI ``POST /v1/chat/completions``: request dict in, response dict out.
+    """OpenAI ``POST /v1/chat/completions``: request dict in, response dict out (the whole
+    reply, whatever ``stream`` says: :func:`stream_chat_completion` streams).
 
     Raises :class:`LLMRequestError` (``.status`` 400, or 404 for an unknown model) for a request
     to reject; :func:`canopy_ray.models.llm.protocol.error_body` gives its JSON body.
     """
-    req: ChatRequest = validate_request(request)
-    if req.model and req.model != backend.model_name:
-        raise LLMRequestError(f"model {req.model!r} is not served here (this server has {backend.model_name!r})",
-                              status=404, param="model", code="model_not_found")
-    gen = backend.generate(req.messages, fmt=req.format, schema=req.schema, max_new_tokens=req.max_tokens)
+    req = _validated(request, backend)
+    gen = backend.generate(req.messages, **_decoding(req))
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -269,9 +340,37 @@ def handle_chat_completion(request: Any, backend: SmolLM2Backend) -> dict:
         "model": backend.model_name,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
                      "finish_reason": gen.finish_reason, "logprobs": None}],
-        "usage": {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
-                  "total_tokens": gen.prompt_tokens + gen.completion_tokens},
+        "usage": _usage(gen),
     }
+
+
+def stream_chat_completion(request: Any, backend: SmolLM2Backend) -> Iterator[dict]:
+    """The streaming form of :func:`handle_chat_completion`: OpenAI ``chat.completion.chunk``
+    dicts as tokens are decoded (a role chunk, content chunks, a chunk with the finish reason,
+    and with ``stream_options.include_usage`` a last chunk with ``usage`` and no choices).
+    The request is validated now: :class:`LLMRequestError` comes before any chunk."""
+    req = _validated(request, backend)
+    return _chunks(backend.stream(req.messages, **_decoding(req)), backend.model_name, req.include_usage)
+
+
+def _chunks(pieces: Iterator[str | Generation], model: str, include_usage: bool) -> Iterator[dict]:
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": model}
+    usage = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict, finish: str | None = None) -> dict:
+        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                **usage}
+
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in pieces:
+        if isinstance(piece, Generation):
+            gen = piece
+        else:
+            yield chunk({"content": piece})
+    yield chunk({}, gen.finish_reason)
+    if include_usage:
+        yield {**head, "choices": [], "usage": _usage(gen)}
 
 
 class LocalChatClient:

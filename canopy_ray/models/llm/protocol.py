@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Sequence
 
-Message = dict[str, Any]  # {"role": "system"|"user"|"assistant", "content": str | [parts]}
-ROLES = ("system", "user", "assistant")
+Message = dict[str, Any]  # {"role": "system"|"developer"|"user"|"assistant", "content": str | [parts]}
+ROLES = ("system", "developer", "user", "assistant")  # "developer" (OpenAI's newer name) is read as "system"
+MAX_STOP = 4  # OpenAI's limit on stop sequences
 
 
 class LLMError(Exception):
@@ -132,14 +133,20 @@ def error_body(err: LLMRequestError) -> dict:
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """A validated request: text messages, a token limit and an output constraint."""
+    """A validated request: text messages, a token limit, an output constraint, stop strings
+    and how to deliver the reply (``stream``: server-sent chunks; ``include_usage``: a final
+    usage chunk). ``seed`` is kept for backends that sample; greedy ones ignore it."""
 
     model: str | None
-    messages: tuple[dict[str, str], ...]  # content flattened to text
+    messages: tuple[dict[str, str], ...]  # content flattened to text; "developer" read as "system"
     max_tokens: int | None
     format: Literal["text", "json_object", "json_schema"]
     schema: dict | None = None
     schema_name: str | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    seed: int | None = None
 
 
 def _bad(message: str, param: str | None = None, code: str = "invalid_request") -> LLMRequestError:
@@ -175,14 +182,39 @@ def _positive_int(request: dict, key: str) -> int | None:
     return value
 
 
+def _stop(request: dict) -> tuple[str, ...]:
+    value = request.get("stop")
+    stops = [value] if isinstance(value, str) else value
+    if stops is None:
+        return ()
+    if not isinstance(stops, list) or len(stops) > MAX_STOP or \
+            not all(isinstance(s, str) and s for s in stops):
+        raise _bad(f"stop must be a non-empty string or a list of at most {MAX_STOP} of them", "stop")
+    return tuple(stops)
+
+
+def _stream(request: dict) -> tuple[bool, bool]:
+    stream, options = request.get("stream"), request.get("stream_options")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("stream must be a boolean", "stream")
+    if options is None:
+        return bool(stream), False
+    if not stream:
+        raise _bad("stream_options is only allowed when stream is true", "stream_options")
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise _bad("stream_options must be an object with a boolean include_usage", "stream_options")
+    return True, options.get("include_usage", False)
+
+
 def validate_request(request: Any) -> ChatRequest:
     """Check a chat-completions body; raise :class:`LLMRequestError` (HTTP 400) naming the field.
 
-    Accepted: ``model``, ``messages`` (system/user/assistant, string or text-part content),
-    ``max_tokens`` or ``max_completion_tokens``, ``response_format`` (text, json_object,
-    json_schema), ``n`` = 1, ``stream`` false. Sampling fields (``temperature``, ``top_p``,
-    ``seed``...) are accepted and ignored by greedy backends; other unknown fields are ignored,
-    as vLLM does.
+    Accepted: ``model``, ``messages`` (system/developer/user/assistant, string or text-part
+    content; ``developer`` is read as ``system``), ``max_tokens`` or ``max_completion_tokens``,
+    ``response_format`` (text, json_object, json_schema), ``stop`` (a string or up to 4),
+    ``stream`` and ``stream_options.include_usage``, ``n`` = 1. Sampling fields (``temperature``,
+    ``top_p``, ``seed``: an integer) are checked and kept; greedy backends ignore them. Other
+    unknown fields are ignored, as vLLM does.
     """
     if not isinstance(request, dict):
         raise _bad(f"the request body must be a JSON object, got {type(request).__name__}")
@@ -199,9 +231,8 @@ def validate_request(request: Any) -> ChatRequest:
         if m.get("role") not in ROLES:
             raise _bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.get('role')!r}",
                        f"messages[{i}].role")
-        messages.append({"role": m["role"], "content": _text_content(m.get("content"), i)})
-    if request.get("stream"):
-        raise _bad("streaming is not supported", "stream", "unsupported_parameter")
+        role = "system" if m["role"] == "developer" else m["role"]
+        messages.append({"role": role, "content": _text_content(m.get("content"), i)})
     n = request.get("n", 1)
     if n not in (None, 1):
         raise _bad(f"n must be 1, got {n!r}", "n", "unsupported_parameter")
@@ -212,15 +243,21 @@ def validate_request(request: Any) -> ChatRequest:
         value = request.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise _bad(f"{key} must be a number", key)
+    seed = request.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise _bad("seed must be an integer", "seed")
     max_tokens = _positive_int(request, "max_completion_tokens") or _positive_int(request, "max_tokens")
+    stream, include_usage = _stream(request)
+    common = dict(model=model, messages=tuple(messages), max_tokens=max_tokens, stop=_stop(request),
+                  stream=stream, include_usage=include_usage, seed=seed)
 
     rf = request.get("response_format")
     if rf is None:
-        return ChatRequest(model, tuple(messages), max_tokens, "text")
+        return ChatRequest(format="text", **common)
     if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
         raise _bad("response_format.type must be 'text', 'json_object' or 'json_schema'", "response_format")
     if rf["type"] != "json_schema":
-        return ChatRequest(model, tuple(messages), max_tokens, rf["type"])
+        return ChatRequest(format=rf["type"], **common)
     js = rf.get("json_schema")
     if not isinstance(js, dict):
         raise _bad("response_format.json_schema must be an object", "response_format.json_schema")
@@ -241,4 +278,4 @@ def validate_request(request: Any) -> ChatRequest:
     except jsonschema.SchemaError as e:
         raise _bad(f"response_format.json_schema.schema is not a valid JSON schema: {e.message}",
                    "response_format.json_schema.schema", "invalid_schema") from None
-    return ChatRequest(model, tuple(messages), max_tokens, "json_schema", schema, name)
+    return ChatRequest(format="json_schema", schema=schema, schema_name=name, **common)

@@ -21,6 +21,7 @@ as ``truncated`` and degrades like any other failure.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 from canopy_ray.models.llm.protocol import ChatClient, ChatResult, LLMError, Message, json_schema_format
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 MODALITIES = ("text", "table", "image", "video")
 TABLE_KINDS = ("aggregation", "lookup")
 NO_EVIDENCE = "(no evidence yet)"
@@ -277,38 +279,53 @@ def router_call(question: str, modalities: Sequence[str] = MODALITIES, *,
 
 
 def resolve(call: RoleCall[T], result: ChatResult, latency_s: float = 0.0) -> Outcome[T]:
-    """Parse a completion into the role's value, degrading on any parse or schema failure."""
-    cost = dict(content=result.content, prompt_tokens=result.prompt_tokens,
+    """Parse a completion into the role's value, degrading on any parse or schema failure
+    (a reply that is not a string, or JSON nested past the parser's depth, included)."""
+    content = result.content if isinstance(result.content, str) else ""
+    cost = dict(content=content, prompt_tokens=result.prompt_tokens,
                 completion_tokens=result.completion_tokens, latency_s=latency_s,
                 finish_reason=result.finish_reason)
     try:
-        return Outcome(call.role, call.parse(result.content), **cost)
-    except RoleOutputError as e:
-        kind = "truncated" if result.finish_reason == "length" else e.kind
-        value = call.salvage(result.content) if call.salvage else call.fallback
+        if not isinstance(result.content, str):
+            raise RoleOutputError("invalid_json", f"the reply is {type(result.content).__name__}, not text")
+        return Outcome(call.role, call.parse(content), **cost)
+    except (RoleOutputError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+        kind = e.kind if isinstance(e, RoleOutputError) else "invalid_json"
+        kind = "truncated" if result.finish_reason == "length" else kind
+        try:
+            value = call.salvage(content) if call.salvage else call.fallback
+        except Exception:  # a salvage that cannot read this reply
+            value = call.fallback
         return Outcome(call.role, value, True, f"{kind}: {e}", **cost)
 
 
-def _failed(call: RoleCall[T], err: LLMError, latency_s: float) -> Outcome[T]:
-    return Outcome(call.role, call.fallback, True, f"{err.kind}: {err}", latency_s=latency_s)
+def _failed(call: RoleCall[T], err: Exception, latency_s: float) -> Outcome[T]:
+    if isinstance(err, LLMError):
+        return Outcome(call.role, call.fallback, True, f"{err.kind}: {err}", latency_s=latency_s)
+    # not a typed LLM error (a client that raised something else: a socket error, a dead
+    # replica): still the backend's failure, so it degrades the same way, and is logged
+    log.warning("%s call failed with %s", call.role, type(err).__name__, exc_info=err)
+    return Outcome(call.role, call.fallback, True, f"error: {type(err).__name__}: {err}", latency_s=latency_s)
 
 
 def run_role(client: ChatClient, call: RoleCall[T]) -> Outcome[T]:
-    """Ask ``client`` once; never raises for LLM failures (see the module docstring)."""
+    """Ask ``client`` once; never raises for LLM failures (see the module docstring): a
+    transport error (refused, reset, timed out), an error status, a body that is not a chat
+    completion and an output that does not parse all give the role's degraded value."""
     t0 = time.perf_counter()
     try:
         result = client.chat(call.messages, response_format=call.response_format, max_tokens=call.max_tokens)
-    except LLMError as e:
+    except Exception as e:
         return _failed(call, e, time.perf_counter() - t0)
     return resolve(call, result, time.perf_counter() - t0)
 
 
 async def arun_role(client: ChatClient, call: RoleCall[T]) -> Outcome[T]:
-    """:func:`run_role` for async callers (Serve deployments)."""
+    """:func:`run_role` for async callers (Serve deployments); cancellation still propagates."""
     t0 = time.perf_counter()
     try:
         result = await client.achat(call.messages, response_format=call.response_format,
                                     max_tokens=call.max_tokens)
-    except LLMError as e:
+    except Exception as e:
         return _failed(call, e, time.perf_counter() - t0)
     return resolve(call, result, time.perf_counter() - t0)

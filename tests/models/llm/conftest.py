@@ -35,14 +35,23 @@ class StubBackend:
     def __init__(self, text: str = '{"answer": "Paris"}', delay_s: float = 0.0, fail: bool = False):
         self.text, self.delay_s, self.fail = text, delay_s, fail
         self.requests: list = []
+        self.stops: list = []
 
-    def generate(self, messages, *, fmt="text", schema=None, max_new_tokens=None) -> Generation:
+    def generate(self, messages, *, fmt="text", schema=None, max_new_tokens=None, stop=()) -> Generation:
+        *_, gen = self.stream(messages, fmt=fmt, schema=schema, max_new_tokens=max_new_tokens, stop=stop)
+        return gen
+
+    def stream(self, messages, *, fmt="text", schema=None, max_new_tokens=None, stop=()):
+        """The canned text in two pieces, then the Generation (as SmolLM2Backend.stream)."""
         self.requests.append((messages, fmt, schema, max_new_tokens))
+        self.stops.append(tuple(stop))
         if self.delay_s:
             time.sleep(self.delay_s)
         if self.fail:
             raise RuntimeError("backend exploded")
-        return Generation(self.text, prompt_tokens=7, completion_tokens=3, finish_reason="stop")
+        half = len(self.text) // 2
+        return iter([self.text[:half], self.text[half:],
+                     Generation(self.text, prompt_tokens=7, completion_tokens=3, finish_reason="stop")])
 
 
 @pytest.fixture

@@ -24,7 +24,9 @@ MSG = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def serve(backend):
-    """A stdlib server: /v1/chat/completions -> handle_chat_completion; /broken/v1/... -> 200 non-JSON."""
+    """A stdlib server: /v1/chat/completions -> handle_chat_completion; /broken/v1/... -> 200 non-JSON;
+    /deep/v1/... -> 200 JSON nested past any parser's depth; /reset/v1/... -> the connection closed
+    without an answer."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -41,6 +43,11 @@ def serve(backend):
             raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if self.path == "/broken/v1/chat/completions":
                 return self._send(200, b"<html>not an API</html>", "text/html")
+            if self.path == "/deep/v1/chat/completions":
+                return self._send(200, b"[" * 200_000 + b"]" * 200_000)
+            if self.path == "/reset/v1/chat/completions":
+                self.close_connection = True
+                return self.connection.shutdown(socket.SHUT_RDWR)
             if self.path != "/v1/chat/completions":
                 return self._send(404, json.dumps({"error": {"message": f"no route {self.path}"}}).encode())
             try:
@@ -129,6 +136,18 @@ def test_non_json_200_is_a_response_error(server):
     url, _ = server()
     with pytest.raises(LLMResponseError, match="not JSON"):
         OpenAIHTTPClient(f"{url}/broken/v1", "stub-model").chat(MSG)
+
+
+def test_misbehaving_endpoints_raise_typed_errors_and_roles_degrade(server):
+    """A dropped connection and a body no parser can read are LLMErrors, never other exceptions."""
+    url, _ = server()
+    with pytest.raises(LLMConnectionError):
+        OpenAIHTTPClient(f"{url}/reset/v1", "stub-model").chat(MSG)
+    with pytest.raises(LLMResponseError):
+        OpenAIHTTPClient(f"{url}/deep/v1", "stub-model").chat(MSG)
+    for prefix, kind in (("reset", "connection"), ("deep", "bad_response"), ("broken", "bad_response")):
+        out = asyncio.run(arun_role(OpenAIHTTPClient(f"{url}/{prefix}/v1", "stub-model"), critic_call("q", "e")))
+        assert out.failed and out.error.startswith(f"{kind}:") and out.value.sufficient
 
 
 def test_timeout_and_refused_connection(server):

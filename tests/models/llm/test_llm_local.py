@@ -87,3 +87,24 @@ def test_count_tokens_uses_the_reader_tokenizer(smollm2):
     count = smollm2_token_counter()  # from the conversion cache the backend wrote
     assert count(text) == n
     assert any(p.name.startswith("smollm2-135m-instruct") for p in default_cache_dir().iterdir())
+
+
+def test_stream_adds_up_to_generate_and_stop_cuts_it(smollm2):
+    msgs = [{"role": "user", "content": "Name three fruits."}]
+    whole = smollm2.generate(msgs, max_new_tokens=16)
+    *pieces, last = smollm2.stream(msgs, max_new_tokens=16)
+    assert "".join(pieces) == whole.text == last.text and last == whole
+    assert len(pieces) > 1  # token by token, not in one piece
+    word = whole.text.split()[2]  # a stop string from the middle of the reply
+    cut = smollm2.generate(msgs, max_new_tokens=16, stop=["@@", word])
+    assert cut.text == whole.text[:whole.text.index(word)] and cut.finish_reason == "stop"
+    assert cut.completion_tokens < whole.completion_tokens
+
+
+def test_developer_is_read_as_system_and_seed_changes_nothing(smollm2):
+    def reply(role, **extra):
+        body = {"messages": [{"role": role, "content": "Answer in one word."},
+                             {"role": "user", "content": "What colour is the sky?"}], "max_tokens": 6, **extra}
+        return handle_chat_completion(body, smollm2)["choices"][0]["message"]["content"]
+
+    assert reply("developer") == reply("system") == reply("developer", seed=1, temperature=0.7)

@@ -8,7 +8,7 @@ import pytest
 
 from canopy_ray.models.llm import make_client
 from canopy_ray.models.llm.gpu import QWEN3_VL_8B, qwen3_vl_llm_config, qwen3_vl_llm_config_dict
-from canopy_ray.models.llm.local import handle_chat_completion
+from canopy_ray.models.llm.local import StopText, handle_chat_completion, stream_chat_completion
 from canopy_ray.models.llm.protocol import (LLMRequestError, LLMResponseError, build_request, error_body,
                                             json_schema_format, parse_response, validate_request)
 from canopy_ray.models.llm.roles import READER_SCHEMA
@@ -33,7 +33,14 @@ BAD = [
      "messages[0].content"),
     (ok(messages=[{"role": "user", "content": [{"type": "text", "text": 3}]}]), "messages[0].content"),
     (ok(model=3), "model"),
-    (ok(stream=True), "stream"),
+    (ok(stream="yes"), "stream"),
+    (ok(stream_options={"include_usage": True}), "stream_options"),
+    (ok(stream=True, stream_options={"include_usage": "yes"}), "stream_options"),
+    (ok(stop=5), "stop"),
+    (ok(stop=[""]), "stop"),
+    (ok(stop=["a", "b", "c", "d", "e"]), "stop"),
+    (ok(seed="42"), "seed"),
+    (ok(seed=1.5), "seed"),
     (ok(n=2), "n"),
     (ok(tools=[{"type": "function"}]), "tools"),
     (ok(temperature="hot"), "temperature"),
@@ -105,6 +112,65 @@ def test_handler_shapes_the_openai_response(stub_backend):
     with pytest.raises(LLMRequestError) as e:
         handle_chat_completion(ok(model="gpt-4"), stub)
     assert e.value.status == 404 and e.value.code == "model_not_found"
+
+
+def test_openai_fields_developer_stop_stream_seed():
+    req = validate_request(ok(messages=[{"role": "developer", "content": "be brief"}, *MSG], stop="\n", seed=7,
+                              stream=True, stream_options={"include_usage": True}))
+    assert req.messages[0] == {"role": "system", "content": "be brief"}  # developer is OpenAI's new system
+    assert (req.stop, req.seed, req.stream, req.include_usage) == (("\n",), 7, True, True)
+    plain = validate_request(ok(stop=["END", "##"], stream=False, stream_options=None, seed=None))
+    assert (plain.stop, plain.stream, plain.include_usage) == (("END", "##"), False, False)
+
+
+def stub_ok(**extra):
+    return ok(model="stub-model", **extra)
+
+
+def test_handler_passes_stop_to_the_backend(stub_backend):
+    stub = stub_backend()
+    handle_chat_completion(stub_ok(stop=["x", "y"]), stub)
+    handle_chat_completion(stub_ok(stop="z", seed=3), stub)
+    assert stub.stops == [("x", "y"), ("z",)]
+
+
+def test_stream_chunks_add_up_to_the_reply(stub_backend):
+    stub = stub_backend()
+    whole = handle_chat_completion(stub_ok(), stub)["choices"][0]["message"]["content"]
+    chunks = list(stream_chat_completion(stub_ok(stream=True, stream_options={"include_usage": True}), stub))
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1]) == whole
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop" and chunks[-2]["usage"] is None
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 10
+    assert all("usage" not in c for c in stream_chat_completion(stub_ok(stream=True), stub))
+    with pytest.raises(LLMRequestError):  # a bad request fails on the call, before any chunk
+        stream_chat_completion(ok(model="gpt-4", stream=True), stub)
+
+
+VOCAB = ["Hel", "lo", " E", "ND", " there", "\ufffd"]
+
+
+def pushed(stop, tokens):
+    text = StopText(lambda ids: "".join(VOCAB[i] for i in ids if VOCAB[i] != "\ufffd" or ids[-1] == i), stop)
+    pieces = []
+    for t in tokens:
+        pieces.append(text.push(t))
+        if text.stopped:
+            break
+    pieces.append(text.flush())
+    return text, pieces
+
+
+def test_stop_text_cuts_at_a_stop_string_and_holds_back_its_beginning():
+    text, pieces = pushed(["END"], [0, 1, 2, 3, 4])
+    assert text.stopped and text.text == "Hello " and "".join(pieces) == "Hello "
+    assert pieces[:3] == ["Hel", "lo", " "]  # "E" may begin "END": held back, then cut
+    text, pieces = pushed(["ENDING"], [0, 1, 2, 3, 4])  # a beginning that turns out not to be a stop
+    assert not text.stopped and "".join(pieces) == text.text == "Hello END there"
+    assert pieces[2:4] == [" ", ""] and pieces[4] == "END there"
+    text, pieces = pushed([], [0, 5, 1])  # an incomplete character is never sent
+    assert pieces[1] == "" and "".join(pieces) == text.text == "Hello"
 
 
 def test_make_client():

@@ -206,6 +206,29 @@ def test_transport_failures_degrade_and_are_labelled():
     assert out.failed and out.error.startswith("http: HTTP 503") and out.value == ""
 
 
+@pytest.mark.parametrize("err", [ConnectionResetError("reset by peer"), OSError("network unreachable"),
+                                 RuntimeError("replica died")])
+def test_any_client_exception_degrades_like_a_transport_error(err):
+    """A client that raises something other than an LLMError (a raw socket error, a dead Serve
+    replica) still degrades: the critic says sufficient, the reader has no answer."""
+    out = run_role(FailingClient(err), critic_call(Q, EV))
+    assert out.failed and out.value.sufficient and out.error == f"error: {type(err).__name__}: {err}"
+    out = asyncio.run(arun_role(FailingClient(err), reader_call(Q, EV)))
+    assert out.failed and out.value == "" and out.content == ""
+
+
+def test_cancellation_is_not_swallowed():
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(arun_role(FailingClient(asyncio.CancelledError()), critic_call(Q, EV)))
+
+
+@pytest.mark.parametrize("content", ["[" * 100_000 + "]" * 100_000, '{"sufficient": ' * 50_000, None, 42])
+def test_replies_no_parser_can_read_degrade(content):
+    out = resolve(critic_call(Q, EV), ChatResult(content, "stop"))
+    assert out.failed and out.error.startswith("invalid_json") and out.value.sufficient
+    assert resolve(reader_call(Q, EV), ChatResult(content, "stop")).value == ""
+
+
 def test_run_role_sends_schema_and_token_limit():
     client = EchoClient('{"kind": "aggregation"}')
     out = run_role(client, table_call("How many?", max_tokens=9))

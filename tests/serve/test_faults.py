@@ -1,0 +1,168 @@
+"""Faults against a real Serve application on 127.0.0.1: a NodeEncoder replica killed with
+SIGKILL under load, a burst past capacity, and a dead LLM endpoint. The application is this
+module's own ("faults", at /faults, small queues, the LLM an ``openai`` endpoint on a closed
+port), beside the package's when that one runs. Timing bounds are generous hang bounds only.
+"""
+
+import asyncio
+import json
+import socket
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from faults import kill_under_load, load, probe_body  # noqa: E402
+
+APP = "faults"
+HANG_S = 120  # no request may take longer, whatever happens
+QUESTION = "When was the Eiffel Tower built?"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_running() -> bool:
+    """Whether a Serve instance runs (the package's app); ``serve.status()`` would start one."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.exceptions import RayServeException
+
+    try:
+        _get_global_client()
+    except RayServeException:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def faults(cfg):
+    """This module's application; its URL. Serve is started here unless the package's runs."""
+    from ray import serve
+
+    from canopy_ray.serve import build_app
+
+    mine = cfg.override(serve={"replica_cpus": 0.05, "refiner_limits": (4, 4), "retry_after_s": 3,
+                               "call_timeout_s": 60, "request_timeout_s": 100},
+                        llm={"backend": "openai", "url": f"http://127.0.0.1:{_closed_port()}/v1",
+                             "model": "stand-in", "timeout_s": 5})
+    started = not _serve_running()
+    if started:
+        serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
+    serve.run(build_app({"cfg": mine}), name=APP, route_prefix=f"/{APP}")
+    yield f"http://{cfg.serve.host}:{cfg.serve.port}/{APP}"
+    if started:
+        serve.shutdown()
+    else:
+        serve.delete(APP)
+
+
+def _compress_bodies(n: int, tag: str) -> list[str]:
+    """Distinct requests (no vector cache answers them): each needs the node encoder."""
+    return [json.dumps({"query": f"When was tower {i} built?", "items": [
+        {"id": "p", "modality": "text", "title": f"Tower {i}",
+         "sentences": [f"Tower {i} ({tag}) stands in town {i}.", f"It was built in {1800 + i}.",
+                       f"It is {100 + i} metres tall.", "Visitors climb it every day.",
+                       f"Its architect was Builder {i}."]}]}) for i in range(n)]
+
+
+def _is_json_error(r) -> bool:
+    return r.json_reason is not None
+
+
+@pytest.mark.integration
+def test_a_dead_llm_still_answers_with_the_evidence_and_a_reason(faults):
+    bodies = [json.dumps({"question": QUESTION})] * 4
+    replies = asyncio.run(load(faults + "/v1/answer", bodies, 2, HANG_S))
+    assert all(r.status in (200, 503) for r in replies), [r.status for r in replies]
+    assert all(_is_json_error(r) for r in replies if r.status == 503)
+    answered = [r.body for r in replies if r.status == 200]
+    assert answered  # nothing was overloaded here
+    for body in answered:
+        assert body["answer"] is None and body["answer_error"].startswith("connection:")
+        assert body["evidence"] and any("1889" in e["text"] for e in body["evidence"])
+        # the critic failing counts as "sufficient": one round, then the reader, both counted
+        assert body["rounds"] == 1 and body["llm_failures"]["critic"] == 1 and body["llm_failures"]["reader"] == 1
+
+
+@pytest.mark.integration
+def test_a_burst_past_capacity_gets_only_200_or_json_429_503(faults):
+    replies = asyncio.run(load(faults + "/v1/compress", _compress_bodies(40, "burst"), 40, HANG_S))
+    statuses = Counter(r.status for r in replies)
+    assert set(statuses) <= {200, 429, 503}, statuses  # no hang ("hung"), reset or 500
+    assert statuses[200] >= 1 and statuses[429] + statuses[503] >= 1, statuses  # capacity was passed
+    for r in replies:
+        if r.status != 200:
+            assert r.json_reason == "overloaded" and r.retry_after == "3"
+
+
+@pytest.mark.integration
+def test_killing_a_node_encoder_replica_fails_at_most_the_requests_in_flight(faults):
+    replies, at = asyncio.run(kill_under_load(faults + "/v1/compress", _compress_bodies(16, "kill"), 4, 4,
+                                              "NodeEncoder", probe_body, HANG_S, app=APP, limit_s=60))
+    in_flight = [r for r in replies if r.sent < at["kill"] < r.done]
+    failed = [r for r in replies if r.status != 200]
+    assert all(any(r is f for r in in_flight) for f in failed), [(f.status, f.json_reason) for f in failed]
+    assert all(isinstance(f.status, int) and 500 <= f.status < 600 and _is_json_error(f) for f in failed)
+    # Serve restarted the replica: a new request (sent again and again) succeeded within 60 s of the kill
+    assert at["recover"] is not None and at["restarted"] is not None
+
+
+# ---------------------------------------------------------------- the pieces, without Serve
+
+def test_faults_map_to_json_errors_with_reasons():
+    from ray.exceptions import ActorDiedError, RayTaskError
+    from ray.serve.exceptions import BackPressureError
+
+    from canopy_ray.core.errors import ItemError
+    from canopy_ray.serve.ingress import fault_error
+
+    full = fault_error("compress", BackPressureError(num_queued_requests=8, max_queued_requests=8), 2.0, 429)
+    assert (full.status, full.reason, full.headers, full.retryable) == (429, "overloaded", {"Retry-After": "2"},
+                                                                        False)
+    # a Refiner whose NodeEncoder died: the ingress sees RayTaskError(ActorDiedError)
+    died = RayTaskError("compress", "tb", ActorDiedError()).as_instanceof_cause()
+    err = fault_error("compress", died, 2.0)
+    assert (err.status, err.reason, err.retryable) == (503, "replica_failed", True)
+    assert fault_error("encode", ActorDiedError(), 2.0).retryable
+    assert fault_error("fetch", TimeoutError(), 2.0).status == 504
+    bad = RayTaskError("compress", "tb", ItemError("missing_media", "no such file")).as_instanceof_cause()
+    assert (fault_error("compress", bad, 2.0).status, fault_error("compress", bad, 2.0).reason) == (422,
+                                                                                                  "missing_media")
+    bug = RayTaskError("compress", "tb", ZeroDivisionError("x")).as_instanceof_cause()
+    assert (fault_error("compress", bug, 2.0).status, fault_error("compress", bug, 2.0).reason) == (500,
+                                                                                                  "internal_error")
+    with pytest.raises(KeyError):  # not a fault of another deployment: a bug, for the JSON 500 handler
+        fault_error("compress", KeyError("x"), 2.0)
+
+
+def test_model_health_probes_after_a_failure_and_when_idle():
+    from canopy_ray.serve.deployments import ModelHealth
+
+    broken = {"now": False}
+
+    def probe():
+        if broken["now"]:
+            raise RuntimeError("weights are gone")
+
+    health = ModelHealth(probe, idle_s=3600)
+    health.check()  # busy and healthy: nothing to probe
+    with pytest.raises(ValueError):
+        health.run(lambda: (_ for _ in ()).throw(ValueError("odd input")))
+    assert health.due()
+    health.check()  # the probe passes: it was the input, not the model
+    assert health.error is None and not health.due()
+    broken["now"] = True
+    with pytest.raises(OSError):
+        health.run(lambda: (_ for _ in ()).throw(OSError("device lost")))
+    with pytest.raises(RuntimeError, match="health probe failed.*device lost"):
+        health.check()  # Serve marks the replica unhealthy and replaces it
+    idle = ModelHealth(probe, idle_s=0.0)
+    time.sleep(0.01)
+    assert idle.due()
