@@ -21,7 +21,7 @@ fresh server per part on 127.0.0.1 (``configs/cpu.yaml``).
   two answers the LLMServer replica is killed with SIGKILL. Recovery: from the kill until the
   reader answers again (Serve restarted the replica and it loaded the model).
 
-Measured on 2 shared CPU cores: the full run takes about six minutes.
+On 2 shared CPU cores the full run takes six to eight minutes.
 
 A response counts as failed when its status is not 200; "hung" when none came within
 ``--hang-s``. Every failure must be JSON with a reason (and 429/503 with ``Retry-After``); the
