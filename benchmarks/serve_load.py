@@ -179,28 +179,33 @@ def cached_vs_fly(question: tuple[str, list[dict]], repeats: int = 10) -> dict:
             "speedup": times["on the fly"] / times["cached"]}
 
 
+def _table(title: str, columns: list[str], row: list[str]) -> list[str]:
+    return ([title, ""] if title else []) + ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|",
+                                             "| " + " | ".join(row) + " |", ""]
+
+
 def tables(results: dict) -> str:
     lines = []
     if "novel" in results:
         r = results["novel"]
-        lines += ["Novel items: distinct questions with their gold paragraphs, /v1/compress at concurrency 8, "
-                  "against a plain length-sorted loop encoding every node of their whole trees once.", "",
-                  "| questions | nodes (whole trees) | nodes encoded by Serve | plain loop s | Serve s | "
-                  "ratio (>= 1 is the target) | p50 ms | p99 ms |", "|---|---|---|---|---|---|---|---|",
-                  f"| {r['questions']} | {r['nodes']} | {r['nodes_encoded']} | {r['floor_s']:.1f} | "
-                  f"{r['serve_s']:.1f} | {r['ratio']:.2f}x | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} |", ""]
+        lines += _table("Novel items: distinct questions with their gold paragraphs, /v1/compress at concurrency 8, "
+                        "against a plain length-sorted loop encoding every node of their whole trees once.",
+                        ["questions", "nodes (whole trees)", "nodes encoded by Serve", "plain loop s", "Serve s",
+                         "ratio (>= 1 is the target)", "p50 ms", "p99 ms"],
+                        [str(r["questions"]), str(r["nodes"]), str(r["nodes_encoded"]), f"{r['floor_s']:.1f}",
+                         f"{r['serve_s']:.1f}", f"{r['ratio']:.2f}x", f"{r['p50_ms']:.0f}", f"{r['p99_ms']:.0f}"])
     if "repeat" in results:
         r = results["repeat"]
-        lines += ["One request repeated at concurrency 32, against a trivial ingress -> @serve.batch graph.", "",
-                  "| requests | shed (503) | /v1/compress answered req/s | p99 ms | trivial graph req/s | "
-                  "ratio (>= 0.25 is the target) |", "|---|---|---|---|---|---|",
-                  f"| {r['requests']} | {r['shed']} | {r['canopy_rps']:.1f} | {r['canopy_p99_ms']:.0f} | "
-                  f"{r['trivial_rps']:.1f} | {r['ratio']:.2f}x |", ""]
+        lines += _table("One request repeated at concurrency 32, against a trivial ingress -> @serve.batch graph.",
+                        ["requests", "shed (503)", "/v1/compress answered req/s", "p99 ms", "trivial graph req/s",
+                         "ratio (>= 0.25 is the target)"],
+                        [str(r["requests"]), str(r["shed"]), f"{r['canopy_rps']:.1f}", f"{r['canopy_p99_ms']:.0f}",
+                         f"{r['trivial_rps']:.1f}", f"{r['ratio']:.2f}x"])
     if "cache" in results:
         r = results["cache"]
-        lines += ["| items | nodes scored | node store ms | on the fly ms | speed-up |", "|---|---|---|---|---|",
-                  f"| {r['items']} | {r['nodes_scored']} | {r['cached_ms']:.2f} | {r['fly_ms']:.1f} | "
-                  f"{r['speedup']:.0f}x |"]
+        lines += _table("", ["items", "nodes scored", "node store ms", "on the fly ms", "speed-up"],
+                        [str(r["items"]), str(r["nodes_scored"]), f"{r['cached_ms']:.2f}", f"{r['fly_ms']:.1f}",
+                         f"{r['speedup']:.0f}x"])
     return "\n".join(lines)
 
 
