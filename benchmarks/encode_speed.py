@@ -12,7 +12,8 @@ Paths over the same texts:
     packaged MiniLM, texts sorted by length, ``models.batch_size`` rows per batch, mean pooling);
 (b) ``TextEncoder.encode_nodes``: f_theta with the config's adapter, as the engine runs it;
 (b') the same with the adapter's other serving form (merged copy vs PEFT LoRA branches);
-(c) ``TextEncoder.encode_queries`` (f0) over the same texts.
+(c) ``TextEncoder.encode_queries`` (f0) over the same texts;
+(d) with ``--batch-tokens N,M,...``: (b) with other padded-token budgets per batch.
 
 The machine is shared and its speed moves, so the paths are interleaved: the texts are cut
 into chunks of ``--chunk-items`` items (an index job's batch), each chunk is encoded by every
@@ -123,6 +124,16 @@ def measure(paths: dict, chunks: list[list[str]], repeats: int) -> dict[str, flo
     return {name: float(sum(v)) for name, v in best.items()}
 
 
+def _with_budget(enc, budget: int):
+    def run(texts):
+        default, enc.batch_tokens = enc.batch_tokens, budget
+        try:
+            return _timed(enc.encode_nodes, _pieces(texts))
+        finally:
+            enc.batch_tokens = default
+    return run
+
+
 def max_diff_alone(encode, texts: list[str], wrap) -> float:
     """Largest difference between encoding ``texts`` together and each text alone."""
     together = encode(wrap(texts))
@@ -138,6 +149,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-items", type=int, default=None, help="use the first N items only")
     p.add_argument("--check", type=int, default=120, help="texts checked against encoding each alone")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    p.add_argument("--batch-tokens", default="", help="other budgets to time encode_nodes with, e.g. 512,4096")
     p.add_argument("--out", default="results/bench/encode_speed.md")
     p.add_argument("--json", default="runs/bench-encode/results.json")
     args = p.parse_args(argv)
@@ -173,6 +185,8 @@ def main(argv=None) -> int:
         alt_form = "merged copy" if alt.node_model is not None else "PEFT LoRA branches"
         paths[f"(b') encode_nodes with the adapter as {alt_form}"] = lambda ts: _timed(alt.encode_nodes, _pieces(ts))
     paths["(c) TextEncoder.encode_queries (f0)"] = lambda ts: _timed(enc.encode_queries, ts)
+    for budget in [int(x) for x in args.batch_tokens.split(",") if x]:
+        paths[f"(d) encode_nodes, batch_tokens {budget}"] = _with_budget(enc, budget)
 
     for fn in paths.values():  # warm-up: a model's first batches are slower
         fn(texts[:64])
@@ -185,7 +199,7 @@ def main(argv=None) -> int:
     diffs[names[1]] = max_diff_alone(enc.encode_nodes, sample, _pieces)
     if alt is not None:
         diffs[names[2]] = float(np.abs(alt.encode_nodes(_pieces(sample)) - enc.encode_nodes(_pieces(sample))).max())
-    diffs[names[-1]] = max_diff_alone(enc.encode_queries, sample, list)
+    diffs[names[2 + (alt is not None)]] = max_diff_alone(enc.encode_queries, sample, list)
 
     floor = tokens / seconds[names[0]]
     lines = ["| path | tokens/s | x plain loop | seconds | max abs diff |", "|---|---|---|---|---|"]

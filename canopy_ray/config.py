@@ -60,8 +60,9 @@ class ModelsConfig(Section):
     adapter: str | None = Field(None, description="LoRA adapter directory for f_theta; None = f0")
     max_length: int = Field(256, ge=8, description="encoder input tokens at most")
     batch_size: int = Field(64, ge=1)
-    batch_tokens: int = Field(8192, ge=1, description="padded tokens per encoder batch at most (texts are "
-                              "sorted by length first; one row at least)")
+    batch_tokens: int | None = Field(None, ge=1, description="padded tokens per encoder batch at most (texts "
+                                     "are sorted by length first; one row at least); None = the encoder's "
+                                     "default: 1024 for minilm (fastest on CPU), none for qwen3-vl")
     device: str = "cpu"
     cache_mb: float = Field(256, ge=0, description="node-vector cache (LRU) per process or Refiner replica; 0 = off")
 

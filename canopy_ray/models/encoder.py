@@ -74,11 +74,13 @@ class TextEncoder:
     are sorted by length and cut into batches of at most ``batch_size`` rows and
     ``batch_tokens`` padded tokens, so a batch holds texts of similar length and little padding.
     Vectors come back in the caller's order and equal each text encoded alone (to float noise).
+    Small batches are faster on CPU (their activations stay in cache): 1024 padded tokens
+    encoded 1.4x as fast as 4096 and 1.6x as fast as 8192 (``benchmarks/encode_speed.py``).
     """
 
     def __init__(self, model_dir: str | Path | None = None, adapter: str | Path | None = None,
                  max_length: int = 256, batch_size: int = 64, device: str = "cpu",
-                 batch_tokens: int = 8192, merge_adapter: bool = True):
+                 batch_tokens: int = 1024, merge_adapter: bool = True):
         from transformers import AutoModel, AutoTokenizer
 
         model_dir = Path(model_dir) if model_dir else packaged_minilm_dir()
@@ -195,13 +197,14 @@ def build_encoder(models_cfg, device: str | None = None, adapter: bool = True) -
     if not adapter:
         models_cfg = models_cfg.model_copy(update={"adapter": None})
     device = device or models_cfg.device
+    budget = {"batch_tokens": models_cfg.batch_tokens} if models_cfg.batch_tokens else {}
     if models_cfg.encoder == "minilm":
         return TextEncoder(models_cfg.encoder_path, models_cfg.adapter, models_cfg.max_length,
-                           models_cfg.batch_size, device, batch_tokens=models_cfg.batch_tokens)
+                           models_cfg.batch_size, device, **budget)
     if models_cfg.encoder == "qwen3-vl":
         from canopy_ray.models.qwen3vl import Qwen3VLEncoder
 
         return Qwen3VLEncoder(models_cfg.encoder_path, models_cfg.adapter,
                               max_length=models_cfg.max_length, batch_size=models_cfg.batch_size,
-                              batch_tokens=models_cfg.batch_tokens, device=device)
+                              device=device, **budget)
     raise ValueError(f"unknown encoder {models_cfg.encoder!r}")

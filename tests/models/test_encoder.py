@@ -71,9 +71,10 @@ def test_trained_lora_changes_nodes_only(f0, tmp_path):
 
 
 def test_build_encoder_from_config():
-    cfg = load_config(None, models={"batch_size": 2, "max_length": 32})
+    cfg = load_config(None, models={"batch_size": 2, "max_length": 32, "batch_tokens": 300})
     enc = build_encoder(cfg.models)
-    assert isinstance(enc, TextEncoder) and enc.dim == 384 and enc.batch_size == 2
+    assert isinstance(enc, TextEncoder) and enc.dim == 384 and enc.batch_size == 2 and enc.batch_tokens == 300
+    assert build_encoder(load_config(None).models).batch_tokens == 1024  # unset: the encoder's default
     with pytest.raises(ValueError, match="encoder_path"):
         build_encoder(load_config(None, models={"encoder": "qwen3-vl"}).models)
 
