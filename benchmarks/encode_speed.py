@@ -170,21 +170,25 @@ def main(argv=None) -> int:
     texts = [t for c in chunks for t in c]
 
     enc = build_encoder(m)
-    alt = None
-    if enc.has_adapter:  # the adapter's other serving form, for comparison
-        alt = TextEncoder(m.encoder_path, m.adapter, m.max_length, m.batch_size, m.device,
-                          batch_tokens=m.batch_tokens, merge_adapter=enc.node_model is None)
     counts = enc.token_counts(_pieces(texts))
     tokens = sum(counts)
     padded = sum(len(b) * counts[b[0]] for c in chunks
                  for b in enc.batches(enc.token_counts(_pieces(c))))
-    form = "merged copy" if enc.node_model is not None else "PEFT LoRA branches"
-    paths = {"(a) plain loop: transformers, sorted, batch %d" % m.batch_size: PlainLoop(m.max_length, m.batch_size),
-             f"(b) TextEncoder.encode_nodes (f_theta, {form})": lambda ts: _timed(enc.encode_nodes, _pieces(ts))}
-    if alt is not None:
-        alt_form = "merged copy" if alt.node_model is not None else "PEFT LoRA branches"
-        paths[f"(b') encode_nodes with the adapter as {alt_form}"] = lambda ts: _timed(alt.encode_nodes, _pieces(ts))
-    paths["(c) TextEncoder.encode_queries (f0)"] = lambda ts: _timed(enc.encode_queries, ts)
+
+    def form(e) -> str:
+        return "merged copy" if e.node_model is not None else "PEFT LoRA branches"
+
+    plain = f"(a) plain loop: transformers, sorted, batch {m.batch_size}"
+    nodes = f"(b) TextEncoder.encode_nodes (f_theta, {form(enc)})"
+    queries = "(c) TextEncoder.encode_queries (f0)"
+    paths = {plain: PlainLoop(m.max_length, m.batch_size), nodes: lambda ts: _timed(enc.encode_nodes, _pieces(ts))}
+    alt = other = None
+    if enc.has_adapter:  # the adapter's other serving form, for comparison
+        alt = TextEncoder(m.encoder_path, m.adapter, m.max_length, m.batch_size, m.device,
+                          batch_tokens=enc.batch_tokens, merge_adapter=enc.node_model is None)
+        other = f"(b') encode_nodes with the adapter as {form(alt)}"
+        paths[other] = lambda ts: _timed(alt.encode_nodes, _pieces(ts))
+    paths[queries] = lambda ts: _timed(enc.encode_queries, ts)
     for budget in [int(x) for x in args.batch_tokens.split(",") if x]:
         paths[f"(d) encode_nodes, batch_tokens {budget}"] = _with_budget(enc, budget)
 
@@ -196,12 +200,12 @@ def main(argv=None) -> int:
     sample = sorted(texts[::step][:args.check], key=len)
     names = list(paths)
     diffs: dict[str, float | None] = dict.fromkeys(names)
-    diffs[names[1]] = max_diff_alone(enc.encode_nodes, sample, _pieces)
+    diffs[nodes] = max_diff_alone(enc.encode_nodes, sample, _pieces)
     if alt is not None:
-        diffs[names[2]] = float(np.abs(alt.encode_nodes(_pieces(sample)) - enc.encode_nodes(_pieces(sample))).max())
-    diffs[names[2 + (alt is not None)]] = max_diff_alone(enc.encode_queries, sample, list)
+        diffs[other] = float(np.abs(alt.encode_nodes(_pieces(sample)) - enc.encode_nodes(_pieces(sample))).max())
+    diffs[queries] = max_diff_alone(enc.encode_queries, sample, list)
 
-    floor = tokens / seconds[names[0]]
+    floor = tokens / seconds[plain]
     lines = ["| path | tokens/s | x plain loop | seconds | max abs diff |", "|---|---|---|---|---|"]
     for name in names:
         d = diffs[name]
@@ -209,7 +213,7 @@ def main(argv=None) -> int:
                      f"{seconds[name]:.2f} | {'' if d is None else f'{d:.1e}'} |")
     notes = (f"{len(texts)} node texts of {len(per_item)} items ({source}); {tokens} tokens after truncation at "
              f"{m.max_length}, {padded} padded in TextEncoder's batches of <= {m.batch_size} rows and "
-             f"<= {m.batch_tokens} padded tokens ({padded / tokens:.2f}x). Chunks of {args.chunk_items} items, "
+             f"<= {enc.batch_tokens} padded tokens ({padded / tokens:.2f}x). Chunks of {args.chunk_items} items, "
              f"best of {args.repeats} interleaved passes; torch threads {torch.get_num_threads()}, "
              f"{os.cpu_count()} CPUs. Max abs diff: (b) and (c) against each of {len(sample)} texts encoded "
              f"alone; (b') against (b).")
