@@ -172,8 +172,10 @@ def main(argv=None) -> int:
     enc = build_encoder(m)
     counts = enc.token_counts(_pieces(texts))
     tokens = sum(counts)
-    padded = sum(len(b) * counts[b[0]] for c in chunks
-                 for b in enc.batches(enc.token_counts(_pieces(c))))
+    padded = 0  # tokens the encoder's batches hold, padding included (each chunk is one call)
+    for c in chunks:
+        lengths = enc.token_counts(_pieces(c))
+        padded += sum(len(b) * lengths[b[0]] for b in enc.batches(lengths))
 
     def form(e) -> str:
         return "merged copy" if e.node_model is not None else "PEFT LoRA branches"

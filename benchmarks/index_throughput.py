@@ -18,7 +18,8 @@
    the same item vectors (queries: the corpus questions encoded with f0), then on 100k random
    unit vectors; memory of both.
 
-Prints a markdown table and writes ``OUT/results.json``. The machine's speed moves with
+Prints a markdown table, writes it to ``--table`` (``results/bench/index_throughput.md``) and
+the numbers to ``OUT/results.json``. The machine's speed moves with
 whatever else it runs, so the two paths alternate ``--repeats`` times (plain first, then Ray
 first, ...) and each path's fastest run counts; the ratio is of those (each pair's own ratio is
 printed too).
@@ -33,6 +34,7 @@ import random
 import shutil
 import sys
 import time
+from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -148,6 +150,7 @@ def main(argv=None) -> int:
     p.add_argument("--tatqa", type=int, default=100)
     p.add_argument("--num-cpus", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="runs of each path, alternating; the fastest counts")
+    p.add_argument("--table", default="results/bench/index_throughput.md", help="where the markdown table goes")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -205,6 +208,10 @@ def main(argv=None) -> int:
     lines.append(f"\nAt the paper's scale (32.9M x 2048): fp32 {paper * 4 / 1e9:.0f} GB, fp16 {paper * 2 / 1e9:.0f} GB.")
     table = "\n".join(lines)
     print(table)
+    cmd = "python benchmarks/index_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    Path(args.table).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.table).write_text(f"Measured by `{cmd.strip()}` on {os.cpu_count()} CPU cores, {date.today()}.\n\n"
+                                f"{table}\n")
     results = {"plain": {k: v for k, v in plain.items() if k != "vectors"} | {"items_per_s": plain["items"] / plain["seconds"]},
                "ray": ray_s, "ratio": ratio, "pair_ratios": pairs,
                "runs": {"plain_seconds": [x["seconds"] for x in plains],

