@@ -11,10 +11,13 @@ Steps (everything under ``OUT/work`` is resumable state):
    and ``index.num_gpus`` GPUs) that reads, validates and embeds them. The driver collects the
    rows of each input shard and writes ``work/parts/part-NNNNN.parquet`` atomically once
    the shard is complete. Killed at any point, a rerun skips the shards whose part exists.
+   An actor that dies (SIGKILL, OOM) is restarted by Ray Data and its slice retried (its
+   actor pools default to ``max_restarts=-1``, ``max_task_retries=-1``), so the run goes on.
 3. **Build.** From the parts in shard order: bad rows and duplicate ids (the first line
    wins) go to ``report.json`` / ``skipped.jsonl``; the rest fill the FAISS shards, the item
    table and the node store; the manifest is written last
-   (:mod:`canopy_ray.index.manifest`); ``summary.json`` says what the run did.
+   (:mod:`canopy_ray.index.manifest`); ``summary.json`` says what the run did. Every run
+   builds again from the parts, so rerunning the job repairs a damaged index in seconds.
 """
 
 from __future__ import annotations
@@ -46,10 +49,6 @@ class IndexJobError(RuntimeError):
     pass
 
 
-class SimulatedCrash(RuntimeError):
-    """Raised by the ``crash_after_parts`` test hook, as if the job were killed."""
-
-
 def model_id(cfg: CanopyConfig) -> str:
     """The base model's name as encoders report it (``Encoder.model_id``)."""
     if cfg.models.encoder_path:
@@ -77,8 +76,8 @@ def _plan(cfg: CanopyConfig, corpus: Path, out: Path, media_root: Path, overwrit
     plan_path = work / PLAN
     want = {"corpus": [str(f.resolve()) for f in files], "fingerprint": sha256_files(files, with_names=True),
             "settings": _settings(cfg, media_root)}
-    if plan_path.exists():
-        plan = json.loads(plan_path.read_text())
+    plan = _read_plan(plan_path)
+    if plan is not None:
         if all(plan.get(k) == want[k] for k in ("fingerprint", "settings")):
             return plan
         if not overwrite:
@@ -92,6 +91,21 @@ def _plan(cfg: CanopyConfig, corpus: Path, out: Path, media_root: Path, overwrit
     plan = want | {"shard_rows": split_corpus(files, work / INPUTS, cfg.index.shard_items)}
     write_json(plan_path, plan)
     return plan
+
+
+def _read_plan(path: Path) -> dict | None:
+    """The plan of an earlier run, or None. It is written atomically; one that does not parse
+    was damaged on disk, so its parts cannot be trusted either: start over."""
+    if not path.exists():
+        return None
+    try:
+        plan = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(plan, dict) and isinstance(plan.get("shard_rows"), list):
+            return plan
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    log.warning("%s is damaged: starting the index job over", path)
+    return None
 
 
 def _write_part(rows: list, path: Path) -> None:
@@ -133,7 +147,7 @@ def _dataset(cfg: CanopyConfig, out: Path, media_root: Path, pending: list[int],
 
 
 def _embed_pending(cfg: CanopyConfig, plan: dict, out: Path, media_root: Path, pending: list[int],
-                   progress: bool, crash_after_parts: int | None) -> int:
+                   progress: bool) -> int:
     """Run the pipeline and write each input shard's part once all its rows are back; return
     the rows computed."""
     import pyarrow as pa
@@ -163,8 +177,6 @@ def _embed_pending(cfg: CanopyConfig, plan: dict, out: Path, media_root: Path, p
             rows_done += seen[k]
             log.info("input shard %d done (%d/%d this run; %.1f items/s)", k, written, len(pending),
                      rows_done / max(time.perf_counter() - t0, 1e-9))
-            if crash_after_parts is not None and written >= crash_after_parts:
-                raise SimulatedCrash(f"simulated kill after {written} finished shards")
     missing = [k for k in pending if not _part(out, k).exists()]
     if missing:
         raise IndexJobError(f"input shards {missing} did not complete")
@@ -284,14 +296,15 @@ def _in_ray(ray_address: str | None, num_cpus: int | None, fn):
 
 def run_index(cfg: CanopyConfig, corpus_path: str | Path, out_dir: str | Path, *,
               media_root: str | Path | None = None, overwrite: bool = False, progress: bool = True,
-              ray_address: str | None = None, num_cpus: int | None = None,
-              crash_after_parts: int | None = None) -> dict:
+              ray_address: str | None = None, num_cpus: int | None = None) -> dict:
     """Index ``corpus_path`` into ``out_dir`` (resuming an interrupted run); return the summary.
 
     ``media_root`` resolves relative image/video paths (default: the corpus's directory).
     Ray is started locally (``num_cpus``) unless already initialised or ``ray_address`` /
-    ``RAY_ADDRESS`` names a cluster. ``crash_after_parts`` is a test hook that stops the run
-    as a kill would, after that many input shards were written.
+    ``RAY_ADDRESS`` names a cluster. Killed at any point (``tests/jobs/test_kill.py`` sends
+    real SIGKILLs), the same call again gives the same index. The config and corpus paths are
+    kept beside the index (:func:`manifest.write_job_files`), so that a load error can name
+    the command that rebuilds it.
     """
     t_start = time.perf_counter()
     corpus, out = Path(corpus_path), Path(out_dir)
@@ -299,6 +312,7 @@ def run_index(cfg: CanopyConfig, corpus_path: str | Path, out_dir: str | Path, *
     media_root = Path(media_root) if media_root else (corpus if corpus.is_dir() else corpus.parent)
     media_root = media_root.resolve()
     plan = _plan(cfg, corpus, out, media_root, overwrite)
+    manifest.write_job_files(out, cfg.model_dump(mode="json"), corpus, media_root)
     n_shards = len(plan["shard_rows"])
     if not sum(plan["shard_rows"]):
         raise IndexJobError(f"corpus {corpus} has no non-blank lines")
@@ -309,7 +323,7 @@ def run_index(cfg: CanopyConfig, corpus_path: str | Path, out_dir: str | Path, *
     rows_done = 0
     if pending:
         rows_done = _in_ray(ray_address, num_cpus, lambda: _embed_pending(
-            cfg, plan, out, media_root, pending, progress, crash_after_parts))
+            cfg, plan, out, media_root, pending, progress))
     embed_s = time.perf_counter() - t_embed
     built = _build(cfg, plan, out)
     summary = built | _throughput(out, pending, rows_done, embed_s) | {

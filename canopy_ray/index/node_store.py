@@ -15,8 +15,10 @@ encodes only the spans the store does not hold (another branching factor, say).
 from __future__ import annotations
 
 from pathlib import Path
+
 import numpy as np
 
+from canopy_ray.core.errors import CorruptFileError
 from canopy_ray.core.files import atomic_path
 from canopy_ray.core.hierarchy import Span
 
@@ -82,14 +84,25 @@ class NodeStore:
 
     @classmethod
     def load(cls, out_dir: str | Path, adapter_id: str, model_id: str | None = None,
-             mmap: bool = True) -> "NodeStore":
+             mmap: bool = True, nodes: int | None = None) -> "NodeStore":
+        """Open the store; a truncated or inconsistent file is a :class:`CorruptFileError`
+        naming it (checked from sizes and headers, without reading the vectors). ``nodes``:
+        the node count the manifest records."""
         import pyarrow.parquet as pq
 
         out_dir = Path(out_dir)
-        vectors = np.load(out_dir / VECTORS, mmap_mode="r" if mmap else None)
-        spans = np.load(out_dir / SPANS, mmap_mode="r" if mmap else None)
-        t = pq.read_table(out_dir / ITEMS).to_pydict()
-        rows = {i: (o, c) for i, o, c in zip(t["item_id"], t["offset"], t["count"])}
+        vectors = _load_array(out_dir / VECTORS, np.float16, mmap)
+        spans = _load_array(out_dir / SPANS, np.int32, mmap)
+        if spans.shape[1] != 2 or len(spans) != len(vectors) or (nodes is not None and len(vectors) != nodes):
+            raise CorruptFileError(out_dir / VECTORS, f"{len(vectors)} vectors and {len(spans)} spans, the "
+                                   f"manifest says {nodes} nodes (one of the files was changed)")
+        try:
+            t = pq.read_table(out_dir / ITEMS).to_pydict()
+            rows = {i: (o, c) for i, o, c in zip(t["item_id"], t["offset"], t["count"])}
+        except (OSError, ValueError, KeyError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise CorruptFileError(out_dir / ITEMS, f"not a readable node table (truncated?): {e}") from None
+        if sum(t["count"]) != len(vectors) or any(o < 0 or o + c > len(vectors) for o, c in rows.values()):
+            raise CorruptFileError(out_dir / ITEMS, f"its rows do not cover the {len(vectors)} stored nodes")
         return cls(vectors, spans, rows, adapter_id, model_id)
 
     def __len__(self) -> int:
@@ -119,3 +132,25 @@ class NodeStore:
         if getattr(encoder, "adapter_id", None) != self.adapter_id:
             return False
         return self.model_id is None or getattr(encoder, "model_id", self.model_id) == self.model_id
+
+
+def _load_array(path: Path, dtype, mmap: bool) -> np.ndarray:
+    """A 2-d ``.npy`` of the store, its size checked against its header before it is mapped
+    (a truncated file would otherwise fail later, or map garbage, with no file named)."""
+    if not path.is_file():
+        raise CorruptFileError(path, "missing (the manifest names it)")
+    fmt = np.lib.format
+    try:
+        with open(path, "rb") as f:
+            version = fmt.read_magic(f)
+            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, _, dt = read_header(f)
+            start = f.tell()
+    except (OSError, ValueError, EOFError) as e:
+        raise CorruptFileError(path, f"not a readable .npy array (truncated?): {e}") from None
+    want, size = start + int(np.prod(shape)) * dt.itemsize, path.stat().st_size
+    if size != want:
+        raise CorruptFileError(path, f"{size} bytes where its header says {want} (truncated or changed)")
+    if dt != np.dtype(dtype) or len(shape) != 2:
+        raise CorruptFileError(path, f"a {dt} array of shape {shape}, expected 2-d {np.dtype(dtype)}")
+    return np.load(path, mmap_mode="r" if mmap else None)

@@ -11,8 +11,10 @@ from typing import Sequence
 
 import numpy as np
 
+from canopy_ray.core.errors import CorruptFileError, IndexMismatchError
+from canopy_ray.core.files import sha256_file
 from canopy_ray.core.items import Item, parse_item
-from canopy_ray.index.manifest import ITEMS, read_manifest
+from canopy_ray.index.manifest import CONFIG, ITEMS, MANIFEST, read_manifest, rebuild_command
 from canopy_ray.index.node_store import NodeStore
 from canopy_ray.index.shards import ShardedIndex
 
@@ -75,21 +77,73 @@ class CanopyIndex:
         return [self.item(i) for i in item_ids]
 
 
-def load_index(root: str | Path, verify: bool = True, mmap: bool = True) -> CanopyIndex:
-    """Open an index directory; ``verify`` checks the shard checksums against the manifest."""
-    import pyarrow.parquet as pq
-
+def load_index(root: str | Path, verify: bool = True, mmap: bool = True, expect=None) -> CanopyIndex:
+    """Open an index directory; ``verify`` checks the shard and item-table checksums against
+    the manifest (the node store is checked from its sizes either way). ``expect``, a
+    :class:`~canopy_ray.config.CanopyConfig`, refuses an index built with another encoder
+    (:func:`check_encoder`). Every fault is a :class:`CorruptFileError` naming the file and
+    the command that rebuilds the index."""
     root = Path(root)
     manifest = read_manifest(root)
-    shards = ShardedIndex.load(root, manifest["shards"], manifest["index_type"], verify=verify, mmap=mmap)
-    if shards.count != manifest["count"]:
-        raise ValueError(f"{root}: shards hold {shards.count} vectors, the manifest says {manifest['count']}")
-    ids = pq.read_table(root / ITEMS, columns=["id"]).column("id").to_pylist()
-    nodes = NodeStore.load(root, manifest["adapter_id"], manifest["model_id"], mmap=mmap)
+    if expect is not None:
+        check_encoder(root, manifest, expect)
+    try:
+        shards = ShardedIndex.load(root, manifest["shards"], manifest["index_type"], verify=verify, mmap=mmap)
+        if shards.count != manifest["count"]:
+            raise CorruptFileError(root / MANIFEST, f"shards hold {shards.count} vectors, it says {manifest['count']}")
+        ids = _item_ids(root, manifest, verify)
+        nodes = NodeStore.load(root, manifest["adapter_id"], manifest["model_id"], mmap=mmap,
+                               nodes=manifest.get("nodes"))
+    except CorruptFileError as e:
+        raise e.with_rebuild(rebuild_command(root)) from None
     return CanopyIndex(root, manifest, shards, ids, nodes)
+
+
+def _item_ids(root: Path, manifest: dict, verify: bool) -> list[str]:
+    import pyarrow.parquet as pq
+
+    path = root / ITEMS
+    want = manifest.get("files", {}).get(ITEMS)  # absent in indexes written before per-file checksums
+    if not path.is_file():
+        raise CorruptFileError(path, "missing (the manifest names it)")
+    if verify and want and sha256_file(path) != want:
+        raise CorruptFileError(path, "does not match its manifest checksum (changed or truncated)")
+    try:
+        ids = pq.read_table(path, columns=["id"]).column("id").to_pylist()
+    except (OSError, ValueError, KeyError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise CorruptFileError(path, f"not a readable item table (truncated?): {e}") from None
+    if len(ids) != manifest["count"] or len(set(ids)) != len(ids):
+        raise CorruptFileError(path, f"{len(ids)} rows ({len(set(ids))} distinct ids), the manifest says "
+                                     f"{manifest['count']} items")
+    return ids
+
+
+def check_encoder(root: str | Path, manifest: dict, cfg) -> None:
+    """Refuse an index whose vectors another encoder made: item vectors from another base
+    model (search would rank by unrelated vectors) or a node store from another adapter than
+    ``cfg.models.adapter`` (every cached node vector would be stale)."""
+    from canopy_ray.index.job import model_id
+    from canopy_ray.models.adapters import adapter_id
+
+    path = Path(root) / MANIFEST
+    model, adapter = model_id(cfg), adapter_id(cfg.models.adapter)
+    if manifest.get("model_id") != model:
+        problem = f"built with base model {manifest.get('model_id')!r}, but the encoder here is {model!r}"
+    elif manifest.get("adapter_id") != adapter:
+        problem = (f"its node store was made by adapter {manifest.get('adapter_id')!r}, but the node encoder "
+                   f"here is {adapter!r} (models.adapter: {cfg.models.adapter or 'null'})")
+    else:
+        return
+    raise IndexMismatchError(path, f"{problem}; load it with the config it was built with "
+                                   f"({Path(root) / CONFIG}), or make it for this encoder (CONFIG: "
+                                   f"the config that loads it)",
+                             rebuild_command(root, config="CONFIG", overwrite=True))
 
 
 def load_shard(root: str | Path, shard: int, verify: bool = True) -> ShardedIndex:
     """One FAISS shard of an index (a Serve replica holding one shard); global positions."""
     manifest = read_manifest(root)
-    return ShardedIndex.load(root, manifest["shards"][shard:shard + 1], manifest["index_type"], verify=verify)
+    try:
+        return ShardedIndex.load(root, manifest["shards"][shard:shard + 1], manifest["index_type"], verify=verify)
+    except CorruptFileError as e:
+        raise e.with_rebuild(rebuild_command(root)) from None

@@ -17,6 +17,7 @@ from typing import Sequence
 import faiss
 import numpy as np
 
+from canopy_ray.core.errors import CorruptFileError
 from canopy_ray.core.files import atomic_path, sha256_file
 
 INDEX_TYPES = ("sq_fp16", "flat")
@@ -134,13 +135,54 @@ class ShardedIndex:
         shards, offsets = [], [entries[0]["offset"] if entries else 0]
         for e in entries:
             path = out_dir / e["file"]
+            if not path.is_file():
+                raise CorruptFileError(path, "missing (the manifest names it)")
             if verify and sha256_file(path) != e["sha256"]:
-                raise ValueError(f"{path} does not match its manifest checksum (changed or truncated)")
+                raise CorruptFileError(path, "does not match its manifest checksum (changed or truncated)")
             flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
-            shard = faiss.read_index(str(path), flags)
+            try:
+                shard = faiss.read_index(str(path), flags)
+            except RuntimeError as err:  # FAISS's own reader error: truncated or not an index
+                raise CorruptFileError(path, f"not a readable FAISS index (truncated?): "
+                                             f"{str(err).strip().splitlines()[-1]}") from None
             if shard.ntotal != e["count"] or offsets[-1] != e["offset"]:
-                raise ValueError(f"{path}: {shard.ntotal} vectors at offset {offsets[-1]}, "
-                                 f"the manifest says {e['count']} at {e['offset']}")
+                raise CorruptFileError(path, f"{shard.ntotal} vectors at offset {offsets[-1]}, "
+                                             f"the manifest says {e['count']} at {e['offset']}")
             shards.append(shard)
             offsets.append(offsets[-1] + shard.ntotal)
         return cls(shards, offsets, index_type)
+
+
+def to_gpus(index: ShardedIndex, gpus: Sequence[int] | None = None) -> ShardedIndex:
+    """The same shards on the GPUs FAISS sees (round-robin, one resource object per GPU), or
+    ``index`` itself when it sees none (a faiss-cpu install, or no device).
+
+    FAISS has no GPU form of a flat ``IndexScalarQuantizer``, so an ``sq_fp16`` shard goes as a
+    GPU flat index storing fp16 (``useFloat16``) of the same decoded vectors: the same exact
+    inner-product search over the same fp16 values (:func:`gpu_flat`). Positions and merging
+    are unchanged, so results equal the CPU index's up to float summation order.
+    """
+    gpus = list(range(faiss.get_num_gpus())) if gpus is None else list(gpus)
+    if not gpus or not index.shards:
+        return index
+    options = faiss.GpuClonerOptions()
+    options.useFloat16 = index.index_type == "sq_fp16"
+    resources = {g: faiss.StandardGpuResources() for g in gpus}
+    moved = []
+    for s, shard in enumerate(index.shards):
+        g = gpus[s % len(gpus)]
+        moved.append(faiss.index_cpu_to_gpu(resources[g], g, gpu_flat(shard), options))
+    out = ShardedIndex(moved, index.offsets, index.index_type)
+    out.gpu_resources = resources  # the GPU indexes need them alive
+    return out
+
+
+def gpu_flat(shard: faiss.Index) -> faiss.Index:
+    """A CPU ``IndexFlatIP`` of a shard's stored vectors (fp16-decoded for ``sq_fp16``): the form
+    ``index_cpu_to_gpu`` accepts. A flat shard is returned as it is."""
+    if isinstance(shard, faiss.IndexFlat):
+        return shard
+    flat = faiss.IndexFlatIP(shard.d)
+    if shard.ntotal:
+        flat.add(shard.reconstruct_n(0, shard.ntotal))
+    return flat

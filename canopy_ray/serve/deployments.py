@@ -169,7 +169,7 @@ class Refiner:
         if cfg.serve.index_dir:
             from canopy_ray.index import load_index
 
-            self.store = load_index(cfg.serve.index_dir, verify=False).nodes
+            self.store = load_index(cfg.serve.index_dir, verify=False, expect=cfg).nodes  # refuses another encoder's index
         self.compressors: dict | None = None
 
     async def _compressor(self, opts: CompressOptions) -> Compressor:
@@ -209,8 +209,9 @@ class ShardSearcher:
 
     def __init__(self, index_dir: str, shard: int):
         from canopy_ray.index import load_shard
+        from canopy_ray.index.shards import to_gpus
 
-        self.index = load_shard(index_dir, shard, verify=True)
+        self.index = to_gpus(load_shard(index_dir, shard, verify=True))  # stays on CPU without GPUs
 
     def search(self, query_vec: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.index.search(query_vec[None, :], k)
@@ -226,6 +227,10 @@ class Retriever:
         # Without an index the deployment still exists (so one Serve YAML fits both cases);
         # the ingress answers /v1/answer with 503 then.
         self.index = load_index(index_dir, verify=True) if index_dir else None
+        if self.index is not None:
+            from canopy_ray.index.shards import to_gpus
+
+            self.index.shards = to_gpus(self.index.shards)  # a no-op unless the replica was given GPUs
         self.shards = shard_searchers or []
 
     async def search(self, query_vec: np.ndarray, k: int, modalities=None) -> list[tuple[str, float]]:

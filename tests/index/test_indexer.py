@@ -1,11 +1,10 @@
 """The Ray Data indexing job end to end: real local Ray, real FAISS, the packaged MiniLM.
 
-One uninterrupted run is shared by the module; a second run is stopped after two finished
-input shards (as a kill would) and resumed; both must give the same index.
+One uninterrupted run is shared by the session (``conftest.built_index``). Resuming after a
+real SIGKILL of the job (driver or one actor) is ``tests/jobs/test_kill.py``.
 """
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -14,25 +13,18 @@ import pytest
 from canopy_ray.config import load_config
 from canopy_ray.core.evidence import piece
 from canopy_ray.index import load_index
-from canopy_ray.index.job import IndexJobError, SimulatedCrash
+from canopy_ray.index.job import IndexJobError
 from canopy_ray.indexer import run_index
+from tests.index.conftest import CORPUS, index_config as config
 
 pytestmark = pytest.mark.integration
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "index"
-CORPUS = FIXTURES / "corpus.jsonl"
 VALID = ["t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "tab0", "tab1", "img0", "vid0"]
 
 
-def config(**index):
-    return load_config(None, retrieval={"shards": 3, "index_type": "sq_fp16"},
-                       index={"actors": 1, "shard_items": 4, "batch_items": 4, **index})
-
-
 @pytest.fixture(scope="module")
-def full_run(ray_local, tmp_path_factory):
-    out = tmp_path_factory.mktemp("full")
-    return out, run_index(config(), CORPUS, out, progress=False)
+def full_run(built_index):
+    return built_index
 
 
 def test_bad_items_are_skipped_counted_and_listed(full_run):
@@ -81,27 +73,6 @@ def test_rerun_of_a_finished_index_recomputes_nothing(full_run):
     out, _ = full_run
     summary = run_index(config(), CORPUS, out, progress=False)
     assert summary["shards_computed"] == 0 and summary["shards_resumed"] == 5 and summary["items"] == 13
-
-
-def test_resume_after_a_kill_equals_an_uninterrupted_run(full_run, tmp_path):
-    ref_dir, _ = full_run
-    out = tmp_path / "resumed"
-    with pytest.raises(SimulatedCrash):
-        run_index(config(), CORPUS, out, progress=False, crash_after_parts=2)
-    parts = sorted((out / "work" / "parts").glob("part-*.parquet"))
-    assert len(parts) == 2 and not (out / "manifest.json").exists()
-    mtimes = {p.name: os.stat(p).st_mtime_ns for p in parts}
-    summary = run_index(config(), CORPUS, out, progress=False)
-    assert summary["shards_resumed"] == 2 and summary["shards_computed"] == 3
-    assert {p.name: os.stat(p).st_mtime_ns for p in parts} == mtimes  # finished shards untouched
-    got, ref = load_index(out), load_index(ref_dir)
-    assert got.ids == ref.ids == VALID
-    q = np.eye(384, dtype=np.float32)[:20]
-    assert [[i for i, _ in h] for h in got.search(q, 5)] == [[i for i, _ in h] for h in ref.search(q, 5)]
-    np.testing.assert_array_equal(np.load(out / "node_spans.npy"), np.load(ref_dir / "node_spans.npy"))
-    np.testing.assert_allclose(np.load(out / "nodes.f16.npy").astype(np.float32),
-                               np.load(ref_dir / "nodes.f16.npy").astype(np.float32), atol=2e-3)
-    assert json.loads((out / "report.json").read_text()) == json.loads((ref_dir / "report.json").read_text())
 
 
 def test_changed_settings_are_refused_without_overwrite(full_run):

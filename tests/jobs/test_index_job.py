@@ -26,6 +26,12 @@ def test_index_job_runs_and_reports(tmp_path):
     assert summary["items"] == 13 and summary["skipped"] == 6 and summary["items_per_s"] > 0
     assert "skipped 6 of 19 lines" in proc.stdout
     assert len(list(out.glob("*.faiss"))) == 2 and (out / "manifest.json").exists()
+    # what rebuilds it is kept beside it: the config as run (the overrides folded in), the corpus
+    from canopy_ray.config import load_config
+
+    kept = load_config(out / "index-config.yaml")
+    assert kept == load_config(ROOT / "configs" / "cpu.yaml", index={"actors": 1, "shard_items": 10})
+    assert json.loads((out / "rebuild.json").read_text())["corpus"] == str(CORPUS)
 
     bad = subprocess.run([sys.executable, str(ROOT / "jobs" / "index.py"), "--corpus", str(tmp_path / "nope.jsonl"),
                           "--out", str(out)], capture_output=True, text=True, timeout=120, env=env)

@@ -1,0 +1,113 @@
+"""A job started as a user starts it (its own session, its own local Ray under a private temp
+dir) that a test can SIGKILL: the driver's process group, one of its processes, or every
+process of the run. Shared by the kill tests of the index job and of training."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+
+class KillableJob:
+    """``Popen(argv)`` with ``start_new_session=True``: the driver leads a session and a process
+    group; Ray's daemons join its group, Ray's workers make groups of their own in the session,
+    so the session id finds every process of the run and none of anyone else's."""
+
+    def __init__(self, argv: list[str], log: Path, cwd: Path | None = None):
+        self.ray_tmp = Path(tempfile.mkdtemp(prefix="rk-", dir="/tmp"))  # short: Ray's socket paths
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env |= {"RAY_TMPDIR": str(self.ray_tmp), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+        self.log = log
+        with open(log, "w") as f:
+            self.proc = subprocess.Popen(argv, start_new_session=True, env=env, cwd=cwd, stdout=f,
+                                         stderr=subprocess.STDOUT)
+        self.sid = self.proc.pid
+
+    def processes(self) -> list[psutil.Process]:
+        """The live processes of this run (zombies waiting to be reaped do not count)."""
+        out = []
+        for p in psutil.process_iter(["status"]):
+            try:
+                if os.getsid(p.pid) == self.sid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except (OSError, psutil.Error):
+                continue
+        return out
+
+    def find(self, marker: str) -> list[psutil.Process]:
+        """Processes of this run whose title (Ray sets ``ray::Class.method``) holds ``marker``."""
+        found = []
+        for p in self.processes():
+            try:
+                if marker in " ".join(p.cmdline()):
+                    found.append(p)
+            except psutil.Error:
+                continue
+        return found
+
+    def wait_for(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the job exited ({self.proc.returncode}) before {what}:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} within {timeout} s:\n{self.tail()}")
+            time.sleep(0.05)
+
+    def kill_group(self) -> None:
+        """SIGKILL the driver's process group: the driver and Ray's daemons (GCS, raylet)."""
+        os.killpg(self.sid, signal.SIGKILL)
+        self.proc.wait()
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the run at once (no worker outlives the driver by a step)."""
+        procs = self.processes()
+        os.killpg(self.sid, signal.SIGKILL)
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+        self.proc.wait()
+
+    def left_after(self, timeout: float) -> list[str]:
+        """Processes of the run still alive ``timeout`` s after its driver died, if any."""
+        deadline = time.monotonic() + timeout
+        while (left := self.processes()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return [f"{p.pid} {p.name()}" for p in left]
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the job did not finish within {timeout} s:\n{self.tail()}") from None
+
+    def tail(self, n: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-n:]
+
+    def close(self) -> None:
+        """Leave nothing behind, whatever the test did."""
+        if self.proc.poll() is None:
+            os.killpg(self.sid, signal.SIGKILL)
+            self.proc.wait()
+        for p in self.processes():
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+    def __enter__(self) -> "KillableJob":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
