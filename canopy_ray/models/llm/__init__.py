@@ -6,7 +6,10 @@
 - :mod:`.http`: :class:`OpenAIHTTPClient` for any OpenAI-compatible endpoint by URL.
 - :mod:`.local`: SmolLM2-135M-Instruct in-process with xgrammar (the CPU default), the
   ``/v1/chat/completions`` handler and :class:`LocalChatClient`.
-- :mod:`.gpu`: the ``ray.serve.llm`` ``LLMConfig`` for Qwen3-VL-8B-Instruct on vLLM.
+- :mod:`.vl_local`: a Qwen3-VL generation checkpoint in-process (``local-vl``), reading image parts.
+- :mod:`.gpu`: the ``ray.serve.llm`` ``LLMConfig`` and deployment for Qwen3-VL-8B-Instruct on vLLM.
+- :mod:`.vision`: kept images and video frames as labelled data-URI pictures for a multimodal
+  critic and reader (``llm.multimodal``), read only under ``serve.media_root``.
 
 torch/transformers/xgrammar load only when :mod:`.local` is used; vLLM only in :mod:`.gpu`.
 """
@@ -22,8 +25,9 @@ from canopy_ray.models.llm.roles import (MODALITIES, Critique, Outcome, RoleCall
 
 def make_client(backend: str = "local", *, url: str | None = None, model: str | None = None,
                 max_new_tokens: int = 64, timeout: float = 120.0, cache_dir: str | None = None,
-                threads: int | None = None) -> ChatClient:
-    """A client from config values: ``local`` (in-process SmolLM2), or ``openai``/``vllm`` (HTTP to
+                threads: int | None = None, model_dir: str | None = None, device: str = "cpu") -> ChatClient:
+    """A client from config values: ``local`` (in-process SmolLM2), ``local-vl`` (in-process
+    Qwen3-VL from ``model_dir``), or ``openai``/``vllm`` (HTTP to
     ``url``, e.g. a Ray Serve LLM app at ``http://127.0.0.1:8000/v1`` serving ``model``)."""
     if backend == "local":
         from canopy_ray.models.llm.local import LocalChatClient, SmolLM2Backend
@@ -41,13 +45,21 @@ def make_client(backend: str = "local", *, url: str | None = None, model: str | 
         from canopy_ray.models.llm.http import OpenAIHTTPClient
 
         return OpenAIHTTPClient(url, model, timeout=timeout)
-    raise ValueError(f"unknown LLM backend {backend!r}: expected local, openai or vllm")
+    if backend == "local-vl":
+        if not model_dir:
+            raise ValueError("the 'local-vl' LLM backend needs llm.model_dir (a Qwen3-VL Instruct folder)")
+        from canopy_ray.models.llm.vl_local import QwenVLBackend, VLChatClient
+
+        return VLChatClient(QwenVLBackend(model_dir, device=device, max_new_tokens=max_new_tokens, threads=threads,
+                                          model_name=model))
+    raise ValueError(f"unknown LLM backend {backend!r}: expected local, local-vl, openai or vllm")
 
 
 def client_from_config(llm_cfg) -> ChatClient:
     """The chat client a config's ``llm`` section describes."""
     return make_client(llm_cfg.backend, url=llm_cfg.url, model=llm_cfg.model, max_new_tokens=llm_cfg.max_new_tokens,
-                       timeout=llm_cfg.timeout_s, cache_dir=llm_cfg.cache_dir, threads=llm_cfg.threads)
+                       timeout=llm_cfg.timeout_s, cache_dir=llm_cfg.cache_dir, threads=llm_cfg.threads,
+                       model_dir=llm_cfg.model_dir, device=llm_cfg.device)
 
 
 __all__ = [

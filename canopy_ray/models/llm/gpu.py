@@ -1,19 +1,33 @@
 """The GPU LLM: Qwen3-VL-8B-Instruct on vLLM, deployed with Ray Serve LLM (``ray.serve.llm``).
 
-Importing ``ray.serve.llm`` requires vLLM, so this module imports it only inside
-:func:`qwen3_vl_llm_config`; :func:`qwen3_vl_llm_config_dict` is plain data (also what a Serve
-YAML's ``llm_configs`` entry holds) and is what CPU tests check.
+``configs/paper-gpu.yaml`` sets ``llm.backend: vllm``; ``canopy_ray.serve.build_app`` then
+composes :func:`llm_deployment` (Ray's ``LLMServer`` on vLLM) into the CANOPY graph, behind
+:class:`~canopy_ray.serve.app.ServeLLMChat`, so the pipeline reaches it through the same
+chat-completions protocol as the CPU model. Importing ``ray.serve.llm`` requires vLLM, so it is
+imported only inside :func:`llm_config` and :func:`llm_deployment`; :func:`llm_config_dict` is
+plain data (also what a Serve YAML's ``llm_configs`` entry holds) and is what CPU tests check.
+
+Sizes, for ``cluster.yaml``'s ``gpu_llm`` nodes (one L40S, 48 GB): 8.8B parameters in bf16 are
+~17 GB; the KV cache is 144 KiB per token (36 layers x 8 KV heads x 128 dims x K,V x 2 bytes).
+At ``gpu_memory_utilization`` 0.90 (~40 GiB) less the weights and vLLM's activation profile
+(~3-5 GiB with the vision encoder), ~18-20 GiB of KV cache hold ~130k tokens: one full 80k
+context (the paper's 64k-token reader cap for long video plus the prompt) with room for
+concurrent shorter ones. ``enable_prefix_caching`` pays off because the critic re-reads growing
+evidence whose beginning is unchanged between rounds. ``limit_mm_per_prompt`` is
+``llm.max_images``: the images and video frames CANOPY sends (video goes as frames, so
+``video: 0``).
 
 Python::
 
     from ray import serve
     from ray.serve.llm import build_openai_app
-    from canopy_ray.models.llm.gpu import qwen3_vl_llm_config
+    from canopy_ray.config import load_config
+    from canopy_ray.models.llm.gpu import llm_config
 
-    serve.run(build_openai_app({"llm_configs": [qwen3_vl_llm_config()]}), blocking=False)
+    serve.run(build_openai_app({"llm_configs": [llm_config(load_config("configs/paper-gpu.yaml").llm)]}))
     # then: OpenAIHTTPClient("http://127.0.0.1:8000/v1", model="qwen3-vl-8b-instruct")
 
-Serve YAML::
+Serve YAML (a standalone vLLM app; ``llm.backend: openai`` then points CANOPY at it)::
 
     applications:
       - name: llm
@@ -21,7 +35,7 @@ Serve YAML::
         import_path: ray.serve.llm:build_openai_app
         args:
           llm_configs:
-            - <the dict from qwen3_vl_llm_config_dict()>
+            - <the dict from llm_config_dict(cfg.llm)>
 
 Structured outputs: vLLM honours ``response_format={"type": "json_schema", ...}`` with its
 default structured-output backend, xgrammar, the same library as the CPU backend.
@@ -33,52 +47,54 @@ from typing import Any
 
 QWEN3_VL_8B = "Qwen/Qwen3-VL-8B-Instruct"
 QWEN3_VL_MODEL_ID = "qwen3-vl-8b-instruct"
+GPU_EXTRA_HINT = 'pip install -e ".[gpu]"'
 
 
-def qwen3_vl_llm_config_dict(*, model_source: str = QWEN3_VL_8B, model_id: str = QWEN3_VL_MODEL_ID,
-                             accelerator_type: str | None = "H100", tensor_parallel_size: int = 1,
-                             max_model_len: int = 81920, gpu_memory_utilization: float = 0.90,
-                             max_images_per_prompt: int = 64, min_replicas: int = 1, max_replicas: int = 1,
-                             target_ongoing_requests: int = 32,
-                             engine_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``LLMConfig`` fields as a plain dict.
+def llm_config_dict(llm: Any) -> dict[str, Any]:
+    """The ``LLMConfig`` fields for a config's ``llm`` section, as a plain dict.
 
-    Sizes: 8B parameters in bf16 are about 17 GB; Qwen3-VL-8B's KV cache is about 144 KiB per
-    token (36 layers x 8 KV heads x 128 dims x 2 x bf16), so an 80k-token context is ~11 GiB:
-    one 80 GB GPU per replica holds both. ``max_model_len`` 81920 covers the paper's 64k-token
-    reader cap for long video plus the prompt; text benchmarks cap evidence at 16k.
-    ``enable_prefix_caching`` pays off because the critic re-reads growing evidence whose
-    beginning is unchanged between rounds. ``max_images_per_prompt`` bounds the frames of kept
-    video segments plus images sent in one request (CANOPY sends video as frames).
-    ``model_source`` may be a local folder to avoid a hub download.
+    ``model_id`` (the name requests use) is ``llm.model`` or ``qwen3-vl-8b-instruct``;
+    ``model_source`` (what vLLM loads) is ``llm.model_source`` or the hub id.
     """
     kwargs: dict[str, Any] = {
-        "tensor_parallel_size": tensor_parallel_size,
-        "max_model_len": max_model_len,
-        "gpu_memory_utilization": gpu_memory_utilization,
+        "tensor_parallel_size": llm.tensor_parallel_size,
+        "max_model_len": llm.max_model_len,
+        "gpu_memory_utilization": llm.gpu_memory_utilization,
         "dtype": "bfloat16",
         "enable_prefix_caching": True,
-        "limit_mm_per_prompt": {"image": max_images_per_prompt, "video": 0},
+        # at least one image, so a text-only config still starts a vision model
+        "limit_mm_per_prompt": {"image": max(1, llm.max_images), "video": 0},
     }
-    kwargs.update(engine_kwargs or {})
+    lo, hi = llm.replicas
     config: dict[str, Any] = {
-        "model_loading_config": {"model_id": model_id, "model_source": model_source},
+        "model_loading_config": {"model_id": llm.model or QWEN3_VL_MODEL_ID,
+                                 "model_source": llm.model_source or QWEN3_VL_8B},
         "engine_kwargs": kwargs,
         "deployment_config": {
-            "autoscaling_config": {"min_replicas": min_replicas, "max_replicas": max_replicas,
-                                   "target_ongoing_requests": target_ongoing_requests},
-            "max_ongoing_requests": 4 * target_ongoing_requests,
+            "autoscaling_config": {"min_replicas": lo, "max_replicas": hi, "target_ongoing_requests": 32},
+            "max_ongoing_requests": 128,
         },
     }
-    if accelerator_type:
-        config["accelerator_type"] = accelerator_type
+    if llm.accelerator_type:
+        config["accelerator_type"] = llm.accelerator_type
     return config
 
 
-def qwen3_vl_llm_config(**kwargs: Any):
-    """A ``ray.serve.llm.LLMConfig`` (needs vLLM installed: ``pip install 'canopy-ray[gpu]'``)."""
+def _serve_llm():
     try:
-        from ray.serve.llm import LLMConfig
+        import ray.serve.llm as serve_llm
     except ImportError as e:
-        raise RuntimeError(f"the GPU LLM needs vLLM for ray.serve.llm ({e}); install canopy-ray[gpu]") from e
-    return LLMConfig(**qwen3_vl_llm_config_dict(**kwargs))
+        raise RuntimeError(f"llm.backend 'vllm' needs vLLM for ray.serve.llm ({e}); install it with "
+                           f"{GPU_EXTRA_HINT}") from e
+    return serve_llm
+
+
+def llm_config(llm: Any):
+    """A ``ray.serve.llm.LLMConfig`` (needs vLLM installed)."""
+    return _serve_llm().LLMConfig(**llm_config_dict(llm))
+
+
+def llm_deployment(llm: Any):
+    """Ray Serve LLM's ``LLMServer`` deployment (vLLM) for ``llm``, as an application to bind."""
+    serve_llm = _serve_llm()
+    return serve_llm.build_llm_deployment(serve_llm.LLMConfig(**llm_config_dict(llm)), name_prefix="LLMServer:")

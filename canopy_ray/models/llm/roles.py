@@ -104,21 +104,30 @@ def _user(*blocks: str) -> str:
     return "\n\n".join(blocks)
 
 
-def _content(text: str, images: Sequence[str]) -> str | list[dict]:
-    """Text alone, or OpenAI content parts with ``image_url`` parts for a vision model."""
+def _content(evidence: str, question: str, images: Sequence) -> str | list[dict]:
+    """The user turn: evidence then question as one string (text-only models: unchanged), or,
+    with images, OpenAI content parts for a vision model: the evidence text, each picture after
+    its label (an item id, a frame's time), then the question, last as in the text prompt.
+    ``images`` holds :class:`~canopy_ray.models.llm.vision.Picture` s or plain URLs."""
     if not images:
-        return text
-    return [{"type": "text", "text": text}] + [{"type": "image_url", "image_url": {"url": u}} for u in images]
+        return _user(evidence, question)
+    parts: list[dict] = [{"type": "text", "text": evidence}]
+    for im in images:
+        label, url = (None, im) if isinstance(im, str) else (im.label, im.url)
+        if label:
+            parts.append({"type": "text", "text": label})
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts + [{"type": "text", "text": question}]
 
 
-def critic_messages(question: str, evidence: str, images: Sequence[str] = ()) -> list[Message]:
-    body = _user(f"Evidence:\n{evidence.strip() or NO_EVIDENCE}", f"Question: {question.strip()}")
-    return [{"role": "system", "content": CRITIC_SYSTEM}, {"role": "user", "content": _content(body, images)}]
+def critic_messages(question: str, evidence: str, images: Sequence = ()) -> list[Message]:
+    user = _content(f"Evidence:\n{evidence.strip() or NO_EVIDENCE}", f"Question: {question.strip()}", images)
+    return [{"role": "system", "content": CRITIC_SYSTEM}, {"role": "user", "content": user}]
 
 
-def reader_messages(question: str, evidence: str, images: Sequence[str] = ()) -> list[Message]:
-    body = _user(f"Evidence:\n{evidence.strip() or NO_EVIDENCE}", f"Question: {question.strip()}")
-    return [{"role": "system", "content": READER_SYSTEM}, {"role": "user", "content": _content(body, images)}]
+def reader_messages(question: str, evidence: str, images: Sequence = ()) -> list[Message]:
+    user = _content(f"Evidence:\n{evidence.strip() or NO_EVIDENCE}", f"Question: {question.strip()}", images)
+    return [{"role": "system", "content": READER_SYSTEM}, {"role": "user", "content": user}]
 
 
 def table_messages(question: str, table: str = "") -> list[Message]:
@@ -252,13 +261,13 @@ class Outcome(Generic[T]):
     extra: dict = field(default_factory=dict)
 
 
-def critic_call(question: str, evidence: str, *, images: Sequence[str] = (),
+def critic_call(question: str, evidence: str, *, images: Sequence = (),
                 max_tokens: int = 96) -> RoleCall[Critique]:
     return RoleCall("critic", critic_messages(question, evidence, images), CRITIC_SCHEMA, max_tokens,
                     parse_critic, Critique(sufficient=True))
 
 
-def reader_call(question: str, evidence: str, *, images: Sequence[str] = (),
+def reader_call(question: str, evidence: str, *, images: Sequence = (),
                 max_tokens: int = 48) -> RoleCall[str]:
     return RoleCall("reader", reader_messages(question, evidence, images), READER_SCHEMA, max_tokens,
                     parse_reader, "", salvage_answer)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
 from canopy_ray.models.llm import make_client
-from canopy_ray.models.llm.gpu import QWEN3_VL_8B, qwen3_vl_llm_config, qwen3_vl_llm_config_dict
+from canopy_ray.models.llm.gpu import QWEN3_VL_8B, QWEN3_VL_MODEL_ID, llm_config, llm_config_dict
 from canopy_ray.models.llm.local import StopText, handle_chat_completion, stream_chat_completion
 from canopy_ray.models.llm.protocol import (LLMRequestError, LLMResponseError, build_request, error_body,
                                             json_schema_format, parse_response, validate_request)
@@ -187,18 +188,47 @@ def test_make_client():
 
 # ---------------------------------------------------------------- GPU config (no vLLM needed)
 
-def test_qwen3_vl_config_validates_against_ray_serve_llm():
+def test_paper_gpu_llm_config_validates_against_ray_serve_llm():
+    """configs/paper-gpu.yaml's llm section, through Ray's own LLMConfig model (importable
+    without vLLM): the model, an accelerator that cluster.yaml's gpu_llm nodes offer, the engine."""
+    import yaml
+
+    from canopy_ray.config import load_config
+
     internal = pytest.importorskip("ray.llm._internal.serve.core.configs.llm_config",
                                    reason="Ray Serve LLM's config model moved")
-    d = qwen3_vl_llm_config_dict(max_replicas=2)
-    cfg = internal.LLMConfig(**d)
+    root = Path(__file__).resolve().parents[3]
+    llm = load_config(root / "configs" / "paper-gpu.yaml").llm
+    assert llm.backend == "vllm" and llm.multimodal
+    cfg = internal.LLMConfig(**llm_config_dict(llm))
+    assert cfg.model_id == QWEN3_VL_MODEL_ID
     assert cfg.model_dump()["model_loading_config"]["model_source"] == QWEN3_VL_8B
     assert cfg.engine_kwargs["max_model_len"] == 81920 and cfg.engine_kwargs["enable_prefix_caching"]
-    assert cfg.deployment_config["autoscaling_config"]["max_replicas"] == 2
-    assert qwen3_vl_llm_config_dict(engine_kwargs={"max_model_len": 32768})["engine_kwargs"]["max_model_len"] == 32768
+    assert cfg.engine_kwargs["limit_mm_per_prompt"] == {"image": llm.max_images, "video": 0}
+    cluster = yaml.safe_load((root / "cluster.yaml").read_text())
+    node = cluster["available_node_types"]["gpu_llm"]
+    assert node["resources"].get(f"accelerator_type:{cfg.accelerator_type}") == 1  # autoscaler can place it
+    assert cfg.accelerator_type == "L40S" and node["node_config"]["InstanceType"].startswith("g6e.")  # L40S 48 GB
+    over = load_config(None, llm={"backend": "vllm", "model": "m", "model_source": "/models/q",
+                                  "replicas": (1, 3), "max_images": 0}).llm
+    d = llm_config_dict(over)
+    assert d["model_loading_config"] == {"model_id": "m", "model_source": "/models/q"}
+    assert d["deployment_config"]["autoscaling_config"]["max_replicas"] == 3 and "accelerator_type" not in d
+    assert d["engine_kwargs"]["limit_mm_per_prompt"]["image"] == 1
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
-def test_qwen3_vl_config_without_vllm_says_what_to_install():
-    with pytest.raises(RuntimeError, match="vLLM"):
-        qwen3_vl_llm_config()
+def test_gpu_llm_without_vllm_says_what_to_install():
+    from canopy_ray.config import load_config
+
+    with pytest.raises(RuntimeError, match=r"vLLM.*\[gpu\]"):
+        llm_config(load_config(None, llm={"backend": "vllm"}).llm)
+
+
+def test_multimodal_needs_a_vision_backend():
+    from canopy_ray.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="reads text only"):
+        load_config(None, llm={"multimodal": True})  # the local SmolLM2
+    assert load_config(None, llm={"backend": "openai", "url": "http://127.0.0.1:1/v1", "model": "m",
+                                  "multimodal": True}).llm.multimodal

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -65,8 +66,48 @@ def test_router_prompt_names_only_allowed_modalities():
 def test_images_become_openai_image_parts():
     call = reader_call(Q, EV, images=["data:image/png;base64,AAAA"])
     parts = call.messages[-1]["content"]
-    assert parts[0]["type"] == "text" and Q in parts[0]["text"]
+    assert parts[0] == {"type": "text", "text": f"Evidence:\n{EV}"}
     assert parts[1] == {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    assert parts[2] == {"type": "text", "text": f"Question: {Q}"}  # the question stays last
+
+
+# the text-only prompts, byte for byte as they were before pictures existed: a CPU model's
+# messages must not change
+TEXT_ONLY_EV = "Tower: The Eiffel Tower was built in 1889.\n\nCat: a cat [image media/cat.png]"
+TEXT_ONLY = {
+    "critic": '[{"role": "system", "content": "You check whether the evidence is enough to answer the question. '
+              'Reply in JSON with \\"sufficient\\": true if the evidence states the answer, else false; '
+              '\\"missing\\": the fact still needed (\\"\\" if none); \\"next_query\\": a short search '
+              'query for that fact (\\"\\" if none)."}, {"role": "user", "content": "Evidence:\\nTower: The '
+              'Eiffel Tower was built in 1889.\\n\\nCat: a cat [image media/cat.png]\\n\\nQuestion: Who built '
+              'it?"}]',
+    "reader": '[{"role": "system", "content": "Answer the question from the evidence. Reply in JSON with '
+              '\\"answer\\": a short span of a few words (a name, date, number or yes/no), copied from the '
+              'evidence when possible."}, {"role": "user", "content": "Evidence:\\nTower: The Eiffel Tower was '
+              'built in 1889.\\n\\nCat: a cat [image media/cat.png]\\n\\nQuestion: Who built it?"}]',
+}
+
+
+@pytest.mark.parametrize("role", ["critic", "reader"])
+def test_text_only_messages_are_byte_identical(role):
+    make = critic_call if role == "critic" else reader_call
+    assert json.dumps(make("Who built it?", TEXT_ONLY_EV).messages) == TEXT_ONLY[role]
+    assert json.dumps(make("Who built it?", TEXT_ONLY_EV, images=()).messages) == TEXT_ONLY[role]
+
+
+def test_pictures_are_labelled_parts_between_evidence_and_question():
+    from canopy_ray.models.llm.vision import Picture
+
+    pics = [Picture("Image of i1:", "data:image/png;base64,AAAA"),
+            Picture("Frame of v1 at 10 s:", "data:image/jpeg;base64,BBBB")]
+    for make in (critic_call, reader_call):
+        assert make(Q, EV, images=pics).messages[-1]["content"] == [
+            {"type": "text", "text": f"Evidence:\n{EV}"},
+            {"type": "text", "text": "Image of i1:"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "text", "text": "Frame of v1 at 10 s:"},
+            {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,BBBB"}},
+            {"type": "text", "text": f"Question: {Q}"}]
 
 
 # ---------------------------------------------------------------- schemas
