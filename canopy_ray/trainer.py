@@ -34,12 +34,14 @@ class TrainResult:
     checkpoint: str | None
     start_step: int = 0  # the step this call resumed from (0 for a fresh run)
     val_decision_accuracy: float | None = None  # on the validation instances, last checkpoint
+    best_step: int | None = None  # the checkpoint chosen on validation gold items (None: off)
+    best_qualifies: bool | None = None  # its gold recall >= f0's on every family
 
 
 def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str | Path,
           name: str, out_dir: str | Path | None = None, *, max_steps: int | None = None,
           checkpoint_every: int | None = 100, limit: int | None = None,
-          time_budget_s: float | None = None) -> TrainResult:
+          time_budget_s: float | None = None, cache_dir: str | Path | None = None) -> TrainResult:
     """Train on the ``train`` split of the named canonical data directories.
 
     ``max_steps`` caps the total step count (a short run or a test); ``time_budget_s``
@@ -51,19 +53,27 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
     every node text (below the ``training.lora_layers`` LoRA layers, ``training.max_length``
     tokens) are computed once and cached in ``storage_path/name``
     (:mod:`canopy_ray.train.prepare`); the workers only run the top layers.
+
+    With ``training.val_items``, every checkpoint is scored on validation gold items and the
+    best one by :mod:`canopy_ray.train.validation` (recall kept, then decision accuracy) is
+    kept in ``storage_path/name/best``, with ``curve.json``/``curve.png`` beside it; then
+    ``out_dir`` receives that adapter rather than the last one.
     """
     import ray
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from canopy_ray.train.lora import ADAPTER_FILES
     from canopy_ray.train.loop import train_loop
     from canopy_ray.train.prepare import prepare
 
     t0 = time.perf_counter()
     tc = cfg.training
-    loop_config = {**prepare(cfg, data_dirs, Path(storage_path) / name, limit),
+    run_dir = (Path(storage_path) / name).resolve()
+    loop_config = {**prepare(cfg, data_dirs, run_dir, limit, cache_dir),
                    "max_steps": max_steps, "checkpoint_every": checkpoint_every,
-                   "time_budget_s": time_budget_s}
+                   "time_budget_s": time_budget_s, "run_dir": str(run_dir),
+                   "resume_from": _resume_fallback(run_dir)}
     if not ray.is_initialized():
         ray.init()
     trainer = TorchTrainer(
@@ -73,31 +83,81 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
                              checkpoint_config=CheckpointConfig(num_to_keep=2)))
     result = trainer.fit()
     m = result.metrics or {}
-    return TrainResult(_copy_adapter(result.checkpoint, out_dir), int(m.get("step", 0)),
+    best = run_dir / "best"
+    if loop_config["gold_val"] and (best / ADAPTER_FILES[1]).is_file():
+        adapter_dir = _copy_adapter_files(best, out_dir)
+    else:
+        adapter_dir = _copy_adapter(result.checkpoint, out_dir)
+    return TrainResult(adapter_dir, int(m.get("step", 0)),
                        len(loop_config["instances"]), float(m.get("loss", "nan")),
                        float(m.get("train_s", 0.0)), time.perf_counter() - t0,
                        result.checkpoint.path if result.checkpoint else None,
-                       int(m.get("start_step", 0)), m.get("val_decision_accuracy"))
+                       int(m.get("start_step", 0)), m.get("val_decision_accuracy"),
+                       m.get("best_step"), m.get("best_qualifies"))
+
+
+RAY_RECORD = "checkpoint_manager_snapshot.json"  # Ray Train's list of a run's checkpoints
+
+
+def _resume_fallback(run_dir: Path) -> str | None:
+    """A checkpoint to resume from when Ray Train's record of the run names none: the newest
+    one whose files all load. Ray rewrites that record in place, so a kill during the write
+    leaves it torn, and Ray then refuses the run on every restart: a torn record is set aside
+    (``.torn``). A kill between a checkpoint's copy and its record leaves a checkpoint with no
+    record. The workers take this one only when Ray Train gives them none."""
+    import torch
+    from safetensors import safe_open
+
+    from canopy_ray.train.lora import ADAPTER_FILES
+
+    record = run_dir / RAY_RECORD
+    try:
+        if json.loads(record.read_text())["latest_checkpoint_result"]:
+            return None  # Ray Train resumes from its own record
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError):
+        record.replace(record.with_name(RAY_RECORD + ".torn"))
+        print(f"{record} was torn; kept as {RAY_RECORD}.torn", file=sys.stderr)
+    for d in sorted(run_dir.glob("checkpoint_[0-9]*"), reverse=True):  # Ray names them by time
+        try:  # a kill can also leave the newest half copied
+            json.loads((d / "state.json").read_text())["step"]
+            json.loads((d / ADAPTER_FILES[0]).read_text())
+            with safe_open(str(d / ADAPTER_FILES[1]), "pt") as f:
+                [f.get_tensor(k) for k in f.keys()]
+            torch.load(d / "optimizer.pt", weights_only=True)
+        except Exception:  # noqa: BLE001 - any unreadable file disqualifies the checkpoint
+            continue
+        print(f"resuming from {d}", file=sys.stderr)
+        return str(d)
+    return None
 
 
 def _copy_adapter(checkpoint, out_dir: str | Path | None) -> Path | None:
     """The adapter files of the final checkpoint copied to ``out_dir`` (None: no copy)."""
+    if checkpoint is None or out_dir is None:
+        return None
+    with checkpoint.as_directory() as d:
+        return _copy_adapter_files(d, out_dir)
+
+
+def _copy_adapter_files(src: str | Path, out_dir: str | Path | None) -> Path | None:
     from canopy_ray.train.lora import ADAPTER_FILES
 
-    if checkpoint is None or out_dir is None:
+    if out_dir is None:
         return None
     adapter_dir = Path(out_dir)
     adapter_dir.mkdir(parents=True, exist_ok=True)
-    with checkpoint.as_directory() as d:
-        for f in ADAPTER_FILES:
-            shutil.copy2(Path(d) / f, adapter_dir / f)
+    for f in ADAPTER_FILES:
+        shutil.copy2(Path(src) / f, adapter_dir / f)
     return adapter_dir
 
 
 # ---------------------------------------------------------------- command line
 
 # options that override the training field of the same name
-TRAINING_OVERRIDES = ("lr", "epochs", "workers", "lora_layers", "subsample")
+TRAINING_OVERRIDES = ("lr", "epochs", "workers", "lora_layers", "subsample", "schedule", "warmup",
+                      "val_items", "patience", "max_length", "recall_weight")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,6 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None, help="override training.lr")
     p.add_argument("--epochs", type=int, default=None, help="override training.epochs")
     p.add_argument("--workers", type=int, default=None, help="override training.workers")
+    p.add_argument("--schedule", choices=["constant", "linear", "cosine"], default=None,
+                   help="override training.schedule")
+    p.add_argument("--warmup", type=float, default=None, help="override training.warmup")
+    p.add_argument("--val-items", type=int, default=None, help="override training.val_items")
+    p.add_argument("--patience", type=int, default=None, help="override training.patience")
+    p.add_argument("--max-length", type=int, default=None, help="override training.max_length")
+    p.add_argument("--recall-weight", type=float, default=None,
+                   help="override training.recall_weight")
+    p.add_argument("--cache-dir", default=None,
+                   help="keep the f0 query and bottom-state caches here (shared between runs; "
+                        "default: the run directory)")
     p.add_argument("--address", default=None,
                    help="Ray address; 'local' starts a private local Ray (default: Ray's own choice)")
     return p
@@ -151,7 +222,8 @@ def main(argv=None) -> int:
         cfg = load_config(args.config, training=overrides) if overrides else load_config(args.config)
         dirs = prepare_shared(args.shared_data, args.work_dir, args.sets)
         result = train(cfg, dirs, args.storage, args.name, out, max_steps=args.max_steps,
-                       checkpoint_every=args.checkpoint_every, time_budget_s=args.time_budget_s)
+                       checkpoint_every=args.checkpoint_every, time_budget_s=args.time_budget_s,
+                       **({"cache_dir": args.cache_dir} if args.cache_dir else {}))
     except (ConfigError, CanopyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -171,4 +243,5 @@ def summarize(result: TrainResult, cfg: CanopyConfig) -> dict:
             "loss": result.loss, "train_s": round(result.train_s, 1),
             "wall_s": round(result.wall_s, 1),
             "val_decision_accuracy": result.val_decision_accuracy,
+            "best_step": result.best_step, "best_qualifies": result.best_qualifies,
             "training": cfg.training.model_dump()}

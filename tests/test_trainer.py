@@ -55,3 +55,22 @@ def test_overrides_reach_train_and_the_summary_is_written(tmp_path, monkeypatch,
     assert written == json.loads(capsys.readouterr().out)
     assert (written["steps"], written["start_step"], written["train_s"]) == (7, 2, 3.0)
     assert written["training"]["lr"] == 0.01
+
+
+def test_recipe_options_override_the_training_section(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_train(cfg, dirs, storage, name, out, **kw):
+        seen["cfg"] = cfg
+        return trainer.TrainResult(Path(out), 1, 1, 0.1, 1.0, 1.0, None, 0, None, 1, True)
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    monkeypatch.setattr("canopy_ray.data.sets.prepare_shared",
+                        lambda root, work, names: {n: Path(work) / n for n in names})
+    rc = trainer.main(["--config", CPU_CONFIG, "--storage", str(tmp_path), "--schedule", "cosine",
+                       "--warmup", "0.05", "--val-items", "40", "--patience", "3",
+                       "--max-length", "256"])
+    assert rc == 0
+    tc = seen["cfg"].training
+    assert (tc.schedule, tc.warmup, tc.val_items, tc.patience, tc.max_length) == (
+        "cosine", 0.05, 40, 3, 256)

@@ -5,7 +5,10 @@
 - :mod:`canopy_ray.train.lora`: LoRA on the encoder, adapter and checkpoint files;
 - :mod:`canopy_ray.train.cached`: frozen bottom-layer states computed once;
 - :mod:`canopy_ray.train.prepare`: what the workers get (f0 queries, cached states, rows);
-- :mod:`canopy_ray.train.loop`: the per-worker Ray Train loop (resumable).
+- :mod:`canopy_ray.train.loop`: the per-worker Ray Train loop (resumable);
+- :mod:`canopy_ray.train.validation`: checkpoints chosen on validation without losing recall;
+- :mod:`canopy_ray.train.qwen`: the same loop for Qwen3-VL-Embedding (GPU recipe);
+- :mod:`canopy_ray.train.compare`: short recipes compared on validation.
 
 The verb is :func:`canopy_ray.trainer.train`.
 """

@@ -15,6 +15,13 @@ optimizer + step) and all workers report. On a restart with the same storage pat
 run name, ``ray.train.get_checkpoint()`` returns the latest checkpoint and the loop
 continues from its step, skipping the batches of the epoch already done. With a time
 budget, the workers agree (all_reduce) to stop at the same step.
+
+The learning rate follows ``training.schedule`` after ``training.warmup`` (:func:`lr_factor`,
+a function of the step, so a resumed run continues it). With ``training.val_items`` each
+checkpoint is also scored on validation gold items (decision accuracy and gold recall per
+family, :mod:`canopy_ray.train.validation`): the curve goes to ``<run>/curve.json`` and
+``curve.png``, the best checkpoint by the recall-protecting rule to ``<run>/best/``, and
+``training.patience`` validations without a better one stop the run.
 """
 
 from __future__ import annotations
@@ -27,11 +34,27 @@ import numpy as np
 import torch
 
 
+def lr_factor(step: int, total: int, warmup: float = 0.0, schedule: str = "constant") -> float:
+    """The learning-rate multiplier of (0-based) ``step`` of ``total``: linear warm-up over the
+    first ``warmup`` share of the steps, then constant, linear or cosine decay toward 0.
+    Stateless, so a resumed run continues the same schedule from its step."""
+    n_warm = int(round(warmup * total))
+    if step < n_warm:
+        return (step + 1) / n_warm
+    if schedule == "constant" or total <= n_warm:
+        return 1.0
+    x = (step - n_warm) / max(total - n_warm, 1)
+    return 1.0 - x if schedule == "linear" else 0.5 * (1.0 + float(np.cos(np.pi * x)))
+
+
 def step_batches(n: int, batch_size: int, epoch: int, seed: int, world: int) -> list[np.ndarray]:
     """The global batches of one epoch (index arrays); a tail smaller than ``world`` is dropped."""
     order = np.random.default_rng(seed + epoch).permutation(n)
     batches = [order[i:i + batch_size] for i in range(0, n, batch_size)]
     return [b for b in batches if len(b) >= world]
+
+
+TRAIN_CHUNK = 16  # node texts per length-sorted chunk of a step (canopy_ray.train.cached.encode_rows)
 
 
 def cached_loss(top, states, offsets, queries: torch.Tensor, instances, rows: Sequence[int],
@@ -48,7 +71,7 @@ def cached_loss(top, states, offsets, queries: torch.Tensor, instances, rows: Se
         qi, node_rows, pairs = instances[r]
         q_rows.setdefault(qi, len(q_rows))
         groups.append((q_rows[qi], [nodes.setdefault(n, len(nodes)) for n in node_rows], pairs))
-    node_vecs = encode_rows(top, states, offsets, list(nodes))
+    node_vecs = encode_rows(top, states, offsets, list(nodes), TRAIN_CHUNK)
     return batch_loss(queries[list(q_rows)], node_vecs, groups, lam)
 
 
@@ -73,12 +96,24 @@ class _Worker:
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.seed, self.batch_size, self.lam = t["seed"], t["batch_size"], t["temperature"]
+        self.resume_from = config.get("resume_from")  # the trainer's pick past a torn Ray record
         self._setup_model(t, config.get("encoder_path"))
         self.states, self.offsets, self.queries = _part_arrays(config)
         self.instances = config["instances"]
         self.val = config.get("val")
         if self.val:
             self.v_states, self.v_offsets, self.v_queries = _part_arrays(self.val)
+        self.gold_val = config.get("gold_val")
+        if self.gold_val:
+            self.g_states, self.g_offsets, self.g_queries = _part_arrays(self.gold_val)
+        self.lr, self.warmup = t["lr"], t.get("warmup", 0.0)
+        self.schedule = t.get("schedule", "constant")
+        self.tolerance, self.patience = t.get("recall_tolerance", 0.0), t.get("patience")
+        self.run_dir = config.get("run_dir")
+        self.curve: list[dict] = []
+        self.gold_metrics: dict = {}  # of the last validation (reported again at the end)
+        self.last_loss = float("nan")
+        self.stopped = False  # early stopping (no better checkpoint for ``patience`` validations)
         self.n = len(self.instances)
         self.per_epoch = len(step_batches(self.n, self.batch_size, 0, self.seed, self.world))
         self.total = self.per_epoch * t["epochs"]
@@ -106,7 +141,7 @@ class _Worker:
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                            lr=t["lr"])
         self.state = TrainState()
-        ckpt = ray.train.get_checkpoint()
+        ckpt = self.checkpoint()
         if ckpt is not None:
             with ckpt.as_directory() as d:
                 self.state = load_checkpoint(self.model, self.optimizer, d)
@@ -114,10 +149,22 @@ class _Worker:
         self.top = ray.train.torch.prepare_model(TopEncoder(self.model, n_bottom))
         _eval_mode_except_lora_dropout(self.model)
 
+    def checkpoint(self):
+        """The run's newest checkpoint Ray Train registered, else the one the trainer found
+        past a torn record of Ray's (:func:`canopy_ray.trainer.train`), else None."""
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint()
+        if ckpt is None and self.resume_from:
+            ckpt = ray.train.Checkpoint.from_directory(self.resume_from)
+        return ckpt
+
     def run(self) -> None:
         """Validate f0 (a fresh run), train the remaining steps, report the final checkpoint."""
         if self.val and self.start_step == 0 and self.rank == 0:
             print(f"step 0 (f0): validation decision accuracy {self.validate():.4f}", flush=True)
+        if self.gold_val:
+            self.start_curve()
         epoch = self.state.step // self.per_epoch if self.per_epoch else 0
         while self.state.step < self.total and self.run_epoch(epoch):
             epoch += 1
@@ -134,15 +181,18 @@ class _Worker:
                 return False
             if self.state.step % self.every == 0 and self.state.step < self.total:
                 self.report()
+                if self.stopped:
+                    return False
         return True
 
     def step(self, rows: list[int]) -> None:
         """One optimisation step on this worker's share of a global batch."""
         t0 = time.perf_counter()
-        loss = cached_loss(self.top, self.states, self.offsets, self.queries, self.instances,
-                           rows, self.lam)
+        loss = self.batch_loss(rows)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.lr * lr_factor(self.state.step, self.total, self.warmup, self.schedule)
         self.optimizer.step()
         self.state.step += 1
         self.state.train_s += time.perf_counter() - t0
@@ -151,6 +201,17 @@ class _Worker:
             s_per_step = self.state.train_s / max(self.state.step - self.start_step, 1)
             print(f"step {self.state.step}/{self.total} loss {np.mean(self.losses[-10:]):.4f} "
                   f"{s_per_step:.2f} s/step", flush=True)
+
+    def batch_loss(self, rows: list[int]) -> torch.Tensor:
+        """Mean loss of the instances ``rows`` (through the top layers over cached states)."""
+        return cached_loss(self.top, self.states, self.offsets, self.queries, self.instances,
+                           rows, self.lam)
+
+    def encode_part(self, part: dict, states, offsets) -> torch.Tensor:
+        """Node vectors (no gradients) of every node text of a validation part."""
+        from canopy_ray.train.cached import encode_rows
+
+        return encode_rows(self.top, states, offsets, list(range(len(offsets) - 1)), 64)
 
     def out_of_time(self) -> bool:
         """Whether the time budget is spent on any worker (all workers stop at the same step)."""
@@ -163,16 +224,89 @@ class _Worker:
 
     def validate(self) -> float | None:
         """Decision accuracy on the validation instances (None without them)."""
-        from canopy_ray.train.cached import decision_accuracy, encode_rows
+        from canopy_ray.train.cached import decision_accuracy
 
         if not self.val:
             return None
         self.model.eval()
         with torch.no_grad():
-            rows = list(range(len(self.v_offsets) - 1))
-            vecs = encode_rows(self.top, self.v_states, self.v_offsets, rows, 64)
+            vecs = self.encode_part(self.val, self.v_states, self.v_offsets)
         _eval_mode_except_lora_dropout(self.model)
         return decision_accuracy(vecs, self.v_queries, self.val["instances"])
+
+    def gold_report(self, adapter: bool = True) -> dict:
+        """Decision accuracy and gold recall per family on the validation gold items
+        (:mod:`canopy_ray.train.validation`), with the adapter or as f0."""
+        import contextlib
+
+        from canopy_ray.train.validation import score_report
+
+        self.model.eval()
+        ctx = contextlib.nullcontext() if adapter else self.model.disable_adapter()
+        with torch.no_grad(), ctx:
+            vecs = self.encode_part(self.gold_val, self.g_states, self.g_offsets)
+        _eval_mode_except_lora_dropout(self.model)
+        return score_report(self.gold_val["items"], vecs.float().cpu().numpy(),
+                            self.g_queries.numpy())
+
+    def start_curve(self) -> None:
+        """The curve so far (a resumed run keeps its entries up to its step) or f0's entry."""
+        import json
+        from pathlib import Path
+
+        path = Path(self.run_dir) / "curve.json" if self.run_dir else None
+        if path is not None and path.is_file():
+            self.curve = [e for e in json.loads(path.read_text())["curve"]
+                          if e["step"] <= self.start_step]
+        if not any(e["step"] == 0 for e in self.curve):
+            self.curve.insert(0, {"step": 0, "report": self.gold_report(adapter=False)})
+        self._log_gold(self.curve[0])
+
+    def _log_gold(self, e: dict) -> None:
+        if self.rank == 0:
+            cells = ", ".join(f"{f} acc {100 * r['decision_accuracy']:.1f} recall "
+                              f"{100 * r['gold_recall']:.1f}" for f, r in e["report"].items())
+            print(f"step {e['step']} gold validation: {cells}", flush=True)
+
+    def validate_gold(self) -> dict:
+        """Score this step, extend the curve, keep the best checkpoint (rank 0 writes
+        ``best/`` and ``curve.json``/``curve.png`` in the run directory) and decide early
+        stopping; returns the metrics to report."""
+        from canopy_ray.train.validation import best_entry, since_best
+
+        entry = {"step": self.state.step, "train_s": round(self.state.train_s, 1),
+                 "report": self.gold_report()}
+        self.curve = [e for e in self.curve if e["step"] != entry["step"]] + [entry]
+        self._log_gold(entry)
+        best = best_entry(self.curve, self.tolerance)
+        if self.rank == 0 and self.run_dir:
+            self._write_curve(best, best["step"] == entry["step"])
+        if self.patience and since_best(self.curve, self.tolerance) >= self.patience:
+            self.stopped = True
+        return {"val_gold": entry["report"], "best_step": best["step"],
+                "best_qualifies": best["qualifies"], "stopped_early": self.stopped}
+
+    def _write_curve(self, best: dict, new_best: bool) -> None:
+        import shutil
+        from pathlib import Path
+
+        from canopy_ray.core.files import write_json
+        from canopy_ray.train.lora import save_adapter
+        from canopy_ray.train.validation import plot_curve
+
+        run_dir = Path(self.run_dir)
+        if new_best:  # written beside, then swapped in: a kill never leaves half a best/
+            tmp, dst = run_dir / "best.tmp", run_dir / "best"
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_adapter(self.model, tmp)
+            write_json(tmp / "best.json", {k: best[k] for k in ("step", "qualifies", "fallback",
+                                                                "report")})
+            shutil.rmtree(dst, ignore_errors=True)
+            tmp.rename(dst)
+        write_json(run_dir / "curve.json", {"curve": self.curve, "best_step": best["step"],
+                                            "qualifies": best["qualifies"],
+                                            "tolerance": self.tolerance})
+        plot_curve(self.curve, run_dir / "curve.png", f"{run_dir.name}: validation")
 
     def report(self, final: bool = False) -> None:
         """Report the metrics since the last report, with a checkpoint written by rank 0."""
@@ -181,7 +315,7 @@ class _Worker:
         from canopy_ray.train.lora import save_checkpoint
 
         metrics = {"step": self.state.step, "epoch": self.state.step / max(self.per_epoch, 1),
-                   "loss": float(np.mean(self.losses)) if self.losses else float("nan"),
+                   "loss": float(np.mean(self.losses)) if self.losses else self.last_loss,
                    "train_s": self.state.train_s, "total_steps": self.total,
                    "instances": self.n, "start_step": self.start_step, "final": final}
         acc = self.validate()
@@ -189,23 +323,37 @@ class _Worker:
             metrics["val_decision_accuracy"] = acc
             if self.rank == 0:
                 print(f"step {self.state.step}: validation decision accuracy {acc:.4f}", flush=True)
+        if self.gold_val:  # a step already scored (early stop, then the final report) is not redone
+            if not (self.gold_metrics and self.curve[-1]["step"] == self.state.step):
+                self.gold_metrics = self.validate_gold()
+            metrics.update(self.gold_metrics)
         with tempfile.TemporaryDirectory() as d:
             checkpoint = None
             if self.rank == 0:
                 save_checkpoint(self.model, self.optimizer, self.state, d)
                 checkpoint = ray.train.Checkpoint.from_directory(d)
             ray.train.report(metrics, checkpoint=checkpoint)
+        if self.losses:  # an early stop's final report (no step since) repeats the last loss
+            self.last_loss = float(np.mean(self.losses))
         self.losses = []
 
 
 def _part_arrays(part: dict):
     """``(states, offsets, queries)`` of a loop part: memory-mapped bottom states, their row
-    offsets and the f0 query vectors as a tensor."""
-    sp, op = part["bottom"]
+    offsets (None, None for a part of node texts, :mod:`canopy_ray.train.qwen`) and the f0
+    query vectors as a tensor."""
     queries = torch.from_numpy(np.asarray(part["queries"], dtype=np.float32))
+    if "bottom" not in part:
+        return None, None, queries
+    sp, op = part["bottom"]
     return np.load(sp, mmap_mode="r"), np.load(op), queries
 
 
 def train_loop(config: dict) -> None:
     """One Ray Train worker (the ``train_loop_per_worker`` of :class:`TorchTrainer`)."""
-    _Worker(config).run()
+    if config.get("encoder") == "qwen3-vl":
+        from canopy_ray.train.qwen import QwenWorker
+
+        QwenWorker(config).run()
+    else:
+        _Worker(config).run()

@@ -26,20 +26,44 @@ from canopy_ray.train.instances import Instance, build_instances
 
 
 def prepare(cfg: CanopyConfig, data_dirs: dict[str, str | Path], run_dir: str | Path,
-            limit: int | None = None) -> dict:
+            limit: int | None = None, cache_dir: str | Path | None = None) -> dict:
     """The loop config's data: ``training``, ``encoder_path``, ``queries``, ``bottom``,
-    ``instances`` (the train part) and ``val`` (the same keys for validation, or None)."""
+    ``instances`` (the train part), ``val`` (the same keys for validation, or None) and
+    ``gold_val`` (:func:`canopy_ray.train.validation.gold_part`, or None). The caches go to
+    ``cache_dir`` (default ``run_dir``; runs that share it compute each cache once)."""
     from canopy_ray.train.lora import load_base
+    from canopy_ray.train.validation import gold_part
 
-    run_dir = Path(run_dir)
+    run_dir = Path(cache_dir or run_dir)
     instances = train_instances(cfg, data_dirs, limit)
     val = validation_instances(cfg, data_dirs)
     with torch_threads(cfg.training.threads):
-        tok, base = load_base(cfg.models.encoder_path)
+        # Qwen3-VL trains the full model on node texts (canopy_ray.train.qwen): no cached states
+        tok, base = (None, None) if is_qwen(cfg) else load_base(cfg.models.encoder_path)
         train_part = loop_part(cfg, instances, run_dir, tok, base)
         val_part = loop_part(cfg, val, run_dir, tok, base) if val else None
+        gold_val = gold_part(cfg, data_dirs, run_dir, tok, base)
     return {"training": cfg.training.model_dump(), "encoder_path": cfg.models.encoder_path,
-            **train_part, "val": val_part}
+            "encoder": cfg.models.encoder, **train_part, "val": val_part, "gold_val": gold_val}
+
+
+def is_qwen(cfg: CanopyConfig) -> bool:
+    return cfg.models.encoder == "qwen3-vl"
+
+
+def node_part(cfg: CanopyConfig, texts: list[str], run_dir: Path, tok, base) -> dict:
+    """How the workers get node texts: the cached bottom-layer states (MiniLM, at
+    ``max_length`` tokens) or, for Qwen3-VL, the texts themselves."""
+    from canopy_ray.train.cached import cache_bottom
+    from canopy_ray.train.lora import n_layers
+
+    if is_qwen(cfg):
+        return {"texts": list(texts)}
+    total = n_layers(base)
+    n_bottom = total - min(cfg.training.lora_layers or total, total)
+    bottom = cache_bottom(base, tok, texts, n_bottom, cfg.training.max_length, run_dir,
+                          tag=str(cfg.models.encoder_path), batch_size=cfg.models.batch_size)
+    return {"bottom": tuple(str(Path(p).resolve()) for p in bottom)}
 
 
 def train_instances(cfg: CanopyConfig, data_dirs: dict[str, str | Path],
@@ -75,23 +99,25 @@ def _sample(instances: list[Instance], n: int | None, seed: int) -> list[Instanc
 def loop_part(cfg: CanopyConfig, instances: Sequence[Instance], run_dir: Path, tok, base) -> dict:
     """The loop's view of instances: f0 query vectors, the resolved paths of the cached
     bottom states and ``(query_row, node_rows, pairs)`` rows into both."""
-    from canopy_ray.train.cached import cache_bottom
-    from canopy_ray.train.lora import n_layers
-
-    tc = cfg.training
     queries = sorted({i.query for i in instances})
     q_row = {q: k for k, q in enumerate(queries)}
     texts = sorted({x for i in instances for x in i.texts})
     t_row = {x: k for k, x in enumerate(texts)}
     q_vecs = f0_queries(cfg, queries, run_dir)
-    total = n_layers(base)
-    n_bottom = total - min(tc.lora_layers or total, total)
-    bottom = cache_bottom(base, tok, texts, n_bottom, tc.max_length, run_dir,
-                          tag=str(cfg.models.encoder_path), batch_size=cfg.models.batch_size)
-    return {"queries": q_vecs,
-            "bottom": tuple(str(Path(p).resolve()) for p in bottom),
-            "instances": [(q_row[i.query], tuple(t_row[x] for x in i.texts), i.pairs)
-                          for i in instances]}
+    return {"queries": q_vecs, **node_part(cfg, texts, run_dir, tok, base),
+            "instances": [(q_row[i.query], tuple(t_row[x] for x in i.texts),
+                           weighted_pairs(i, cfg.training.recall_weight)) for i in instances]}
+
+
+def weighted_pairs(instance: Instance, weight: float) -> tuple:
+    """The instance's pairs, as ``(a, b, weight)`` on the recall-guarding ones when
+    ``training.recall_weight`` != 1 (:func:`canopy_ray.train.loss.recall_pairs`)."""
+    from canopy_ray.train.loss import recall_pairs
+
+    if weight == 1:
+        return instance.pairs
+    guard = recall_pairs(instance.pairs, instance.fully_gold)
+    return tuple((a, b, weight) if g else (a, b) for (a, b), g in zip(instance.pairs, guard))
 
 
 def f0_queries(cfg: CanopyConfig, queries: list[str], run_dir: Path) -> np.ndarray:
@@ -99,11 +125,14 @@ def f0_queries(cfg: CanopyConfig, queries: list[str], run_dir: Path) -> np.ndarr
     m = cfg.models
 
     def compute() -> np.ndarray:
-        from canopy_ray.models.encoder import TextEncoder
+        from canopy_ray.models.encoder import TextEncoder, build_encoder
 
+        if is_qwen(cfg):
+            return build_encoder(m, adapter=False).encode_queries(queries)
         return TextEncoder(m.encoder_path, None, m.max_length, m.batch_size).encode_queries(queries)
 
-    return cached_array(run_dir, "f0_queries", [m.encoder_path, m.max_length, queries], compute)
+    key = [m.encoder_path, m.max_length, queries] + ([m.encoder] if is_qwen(cfg) else [])
+    return cached_array(run_dir, "f0_queries", key, compute)
 
 
 @contextlib.contextmanager

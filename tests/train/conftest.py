@@ -92,3 +92,14 @@ def tiny_rows(data_dir, model_dir, n: int = 8):
     qv = torch.from_numpy(TextEncoder(model_dir).encode_queries(queries))
     rows = [(queries.index(i.query), tuple(texts.index(t) for t in i.texts), i.pairs) for i in insts]
     return texts, qv, rows
+
+
+@pytest.fixture()
+def local_ray():
+    """A private local Ray for Ray Train tests (2 CPUs)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    yield
+    ray.shutdown()

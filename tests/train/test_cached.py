@@ -54,6 +54,22 @@ def test_cached_path_equals_the_full_model_and_the_saved_adapter(tiny_bert_dir, 
     assert np.abs(got - enc.encode_queries([TEXTS[2], TEXTS[0], TEXTS[1]])).max() > 1e-3
 
 
+def test_chunked_training_forward_gives_the_same_vectors_and_gradients(tiny_bert_dir):
+    tok, model = perturbed(tiny_bert_dir, 1)
+    states, offsets = bottom_states(model, tok, TEXTS, n_bottom=1, max_length=16)
+    top = TopEncoder(model, 1)
+    rows = [2, 0, 1, 0]
+    grads = []
+    for batch_size in (0, 2):
+        model.zero_grad()
+        vecs = encode_rows(top, states, offsets, rows, batch_size)
+        (vecs * torch.arange(1.0, vecs.shape[1] + 1)).sum().backward()
+        grads.append((vecs.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]))
+    torch.testing.assert_close(grads[0][0], grads[1][0], atol=1e-5, rtol=1e-4)
+    for a, b in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_cache_files_are_reused(tiny_bert_dir, tmp_path):
     tok, base = load_base(tiny_bert_dir)
     a = cache_bottom(base, tok, TEXTS, 1, 16, tmp_path, tag="tiny")
