@@ -9,15 +9,20 @@ Each method's run (:mod:`canopy_ray.eval.runs`: per-question records and an ``ag
 of every metric with its 95% bootstrap interval) is written to ``OUT/<dataset>_<method>.json``
 (or to ``OUT`` itself when it ends in ``.json`` and there is one method); with several
 methods and ``canopy`` among them, ``comparison.json`` holds the paired differences against
-it. Methods run one after the other in this process; for many points in parallel on Ray,
-use :mod:`canopy_ray.eval.sweep`. :func:`main` is the command line (``jobs/eval.py``,
-``canopy eval``).
+it. Methods run one after the other in this process, each file written as its run ends,
+``canopy`` first: the matched-budget methods (``random``, ``flat_matched``) replay its run
+(without ``canopy`` among the methods they replay a reader-free CANOPY run made for them).
+``--llm-url`` points the reader and critic at an OpenAI-compatible server instead of the
+config's LLM. For many points in parallel on Ray, use :mod:`canopy_ray.eval.sweep`.
+:func:`main` is the command line (``jobs/eval.py``, ``canopy eval``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -31,10 +36,15 @@ def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, me
              n: int | None = None, seed: int = 0, split: str | None = None, k: int | None = None,
              branching: int | None = None, rounds: int | None = None, flat_m: int | None = None,
              out: str | Path | None = None, client=None, llm_cache: str | Path | None = None,
-             encoder=None, progress: Callable[[str], None] | None = None) -> dict:
+             encoder=None, progress: Callable[[str], None] | None = None, reader: bool = True,
+             question_progress: Callable[[int, int], None] | None = None,
+             reference: str | Path | None = None) -> dict:
     """Run ``methods`` (``"all"``, a comma list or a list) and return ``{"runs": {method: run},
-    "comparison": {...}, "paths": [...]}``; ``client`` defaults to the config's LLM."""
+    "comparison": {...}, "paths": [...]}``; ``client`` defaults to the config's LLM. ``reference``:
+    a CANOPY run JSON of the same sample and settings for the matched-budget methods to replay
+    (instead of running CANOPY again)."""
     chosen = parse_methods(methods)
+    chosen.sort(key=lambda m: m.name != "canopy")  # stable: canopy first, the others as given
     if out is not None and Path(out).suffix == ".json" and len(chosen) != 1:
         raise ValueError("--out FILE.json takes one method; give a folder for several")
     name = dataset or Path(questions).parent.name or "questions"
@@ -56,31 +66,27 @@ def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, me
         idx = load_index(index)
     runner = Runner(cfg, client, encoder=encoder, index=idx)
     base = runner.base_settings()
-    runs = {}
+    runs, paths = {}, []
+    out = Path(out) if out is not None else None
     for method in chosen:
         # the method's own values win: vanilla stays one round whatever ``rounds`` says
         settings = method.settings(base, k=k, branching=branching, rounds=rounds, flat_m=flat_m)
-        run = runner.run(eval_set, method, settings, setting)
+        if method.matched and reference is not None:
+            runner.add_reference(eval_set, settings, json.loads(Path(reference).read_text()), setting, idx)
+        run = runner.run(eval_set, method, settings, setting, progress=question_progress, reader=reader)
         runs[method.name] = run
+        if out is not None:  # now, so a killed evaluation keeps its finished methods
+            paths.append(out if out.suffix == ".json" else out / f"{name}_{method.name}.json")
+            write_json(paths[-1], run)
         if progress:
             agg = run["aggregate"]
             progress(f"{name} {method.name}: em {agg['em']['mean']} f1 {agg['f1']['mean']} "
                      f"answer_recall {agg['answer_recall']['mean']} tokens {agg['tokens']['mean']} "
                      f"({run['wall_s']:.0f} s)")
     comp = comparison(runs) if len(runs) > 1 else {}
-    paths = []
-    if out is not None:
-        out = Path(out)
-        if out.suffix == ".json":
-            write_json(out, next(iter(runs.values())))
-            paths.append(out)
-        else:
-            for mname, run in runs.items():
-                paths.append(out / f"{name}_{mname}.json")
-                write_json(paths[-1], run)
-            if comp:
-                paths.append(out / "comparison.json")
-                write_json(paths[-1], {"baseline": "canopy", "dataset": name, "differences": comp})
+    if out is not None and out.suffix != ".json" and comp:
+        paths.append(out / "comparison.json")
+        write_json(paths[-1], {"baseline": "canopy", "dataset": name, "differences": comp})
     return {"runs": runs, "comparison": comp, "paths": [str(p) for p in paths]}
 
 
@@ -103,8 +109,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flat-m", type=int, default=None, help="leaves per item of the flat method")
     p.add_argument("--adapter", default=None, help="f_theta adapter folder (default: the config's)")
     p.add_argument("--llm-cache", default=None, help="SQLite file caching LLM replies (greedy: exact)")
+    p.add_argument("--llm-url", default=None, metavar="URL",
+                   help="an OpenAI-compatible server (base URL ending in /v1) as reader and critic, "
+                        "instead of the config's LLM")
+    p.add_argument("--llm-model", default=None, metavar="M",
+                   help="the served model's name (default: the first one the server lists)")
+    p.add_argument("--no-reader", action="store_true",
+                   help="skip the reader: reader-independent metrics only (no EM/F1)")
+    p.add_argument("--verbose", action="store_true", help="print progress per question")
+    p.add_argument("--reference", default=None, metavar="FILE",
+                   help="a canopy run JSON (same sample and settings) for random/flat_matched to replay")
     p.add_argument("--out", required=True, help="FILE.json (one method) or a folder")
     return p
+
+
+def llm_override(url: str | None, model: str | None) -> dict:
+    """The config override for ``--llm-url``/``--llm-model`` (as ``canopy quickstart`` has)."""
+    from canopy_ray.config import ConfigError
+
+    if model and not url:
+        raise ConfigError("--llm-model needs --llm-url (the OpenAI-compatible server that serves it)")
+    if not url:
+        return {}
+    from canopy_ray.quickstart import reader_override
+
+    return {"llm": reader_override(url, model)}
+
+
+def _question_progress(i: int, n: int) -> None:
+    print(f"  question {i}/{n} at {time.strftime('%H:%M:%S')}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -112,11 +145,14 @@ def main(argv=None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        cfg = load_config(args.config, **({"models": {"adapter": args.adapter}} if args.adapter else {}))
+        cfg = load_config(args.config, **({"models": {"adapter": args.adapter}} if args.adapter else {}),
+                          **llm_override(args.llm_url, args.llm_model))
         result = evaluate(cfg, args.questions, args.corpus, methods=args.method, setting=args.setting,
                           index=args.index, dataset=args.dataset, n=args.n, seed=args.seed, split=args.split,
                           k=args.k, branching=args.branching, rounds=args.rounds, flat_m=args.flat_m,
-                          out=args.out, llm_cache=args.llm_cache, progress=print)
+                          out=args.out, llm_cache=args.llm_cache, progress=print, reader=not args.no_reader,
+                          question_progress=_question_progress if args.verbose else None,
+                          reference=args.reference)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -128,6 +128,24 @@ def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, level: float = 0.9
     return Interval(mean, float(ci.low), float(ci.high))
 
 
+def ratio_ci(numerators: Sequence[float], denominators: Sequence[float], n_boot: int = 2000,
+             level: float = 0.95, seed: int = 0) -> Interval:
+    """A micro average, sum(numerators) / sum(denominators) over units (questions), with a
+    percentile bootstrap interval that resamples the units (pairs kept together). No positive
+    denominator: NaN throughout; resamples whose denominators sum to 0 are left out."""
+    num, den = np.asarray(numerators, float), np.asarray(denominators, float)
+    if num.shape != den.shape:
+        raise ValueError("numerators and denominators must have equal length")
+    if den.sum() <= 0:
+        return Interval(float("nan"), float("nan"), float("nan"))
+    ratio = float(num.sum() / den.sum())
+    idx = np.random.default_rng(seed).integers(0, num.size, size=(n_boot, num.size))
+    d = den[idx].sum(axis=1)
+    r = num[idx].sum(axis=1)[d > 0] / d[d > 0]
+    tail = (1 - level) / 2 * 100
+    return Interval(ratio, float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail)))
+
+
 def paired_difference_ci(a: Sequence[float], b: Sequence[float], **kw) -> Interval:
     """Mean of a - b over the same questions, with a bootstrap interval."""
     if len(a) != len(b):

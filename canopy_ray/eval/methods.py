@@ -8,9 +8,16 @@
 | ``no_iteration`` | 1 | refinement | f_theta |
 | ``flat`` | R | top-m leaves per item by f_theta | f_theta |
 | ``frozen`` | R | refinement | f0 (adapter off) |
+| ``random`` | CANOPY's | random leaves up to CANOPY's tokens per item | - |
+| ``flat_matched`` | CANOPY's | best leaves by f_theta up to CANOPY's tokens per item | f_theta |
 
 Without an adapter in the config, f_theta is f0 and ``frozen`` equals ``canopy``; runs record
 the node encoder's ``adapter_id`` so a report can say so.
+
+The two *matched-budget* methods (:mod:`canopy_ray.eval.matched`) replay a CANOPY run of the
+same questions and settings: the same queries and retrieved items per round, each item given
+exactly the tokens CANOPY kept of it, so they differ from CANOPY only in which parts of an item
+they keep. Their critic is not asked (its decisions are CANOPY's); the reader is.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ class Method:
     description: str
     overrides: dict = field(default_factory=dict)  # Settings fields fixed by the method
     frozen: bool = False  # node encoder f0 instead of f_theta
+    matched: str | None = None  # "random" | "flat": replay CANOPY at its per-item token budget
 
     @property
     def uses_branching(self) -> bool:
@@ -45,6 +53,10 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("no_iteration", "one round with refinement", {"rounds": 1}),
     Method("flat", "CANOPY's rounds, the m best leaves per item", {"mode": "flat"}),
     Method("frozen", "CANOPY with f0 as node encoder (adapter off)", {}, frozen=True),
+    Method("random", "CANOPY's items, random leaves up to CANOPY's tokens per item", {"mode": "canopy"},
+           matched="random"),
+    Method("flat_matched", "CANOPY's items, best leaves by f_theta up to CANOPY's tokens per item",
+           {"mode": "canopy"}, matched="flat"),
 ]}
 
 

@@ -10,6 +10,10 @@ and writes ``results.md`` with, per data set:
 - latency per stage;
 - the **sweep** table over k and B;
 
+the **Pareto** tables (also ``pareto.md``): per data set and setting, each method's reader
+tokens and answer recall (with the recalls, EM/F1 and paired differences against
+``no_projection`` and ``canopy``) and CANOPY's k x B points; ``pareto_<dataset>_<setting>.png``
+draws them (methods as points with intervals on both axes, the sweep as lines);
 and two plots (matplotlib, Agg): ``quality_vs_tokens.png`` (F1 and answer recall against
 reader tokens, one line per method, k as points, at the ablation's B: the paper's Figure 2)
 and ``tokens_by_b.png`` (reader tokens against B, one line per k, for methods that use B).
@@ -29,13 +33,16 @@ from canopy_ray.core.files import write_text
 from canopy_ray.eval.methods import METHODS
 from canopy_ray.eval.runs import STAGES, paired_differences
 
-ABLATION_COLUMNS = [("em", "EM"), ("f1", "F1"), ("answer_recall", "answer recall"), ("gold_recall", "gold recall"),
-                    ("tokens", "reader tokens"), ("encoded_tokens", "encoded tokens"),
+ABLATION_COLUMNS = [("em", "EM"), ("f1", "F1"), ("answer_recall", "answer recall"),
+                    ("refinement_recall", "refinement recall (micro)"), ("evidence_recall", "evidence recall"),
+                    ("retrieval_recall", "retrieval recall"), ("tokens", "reader tokens"), ("encoded_tokens", "encoded tokens"),
                     ("latency_compress", "compress s"), ("latency_llm_reader", "reader s"),
                     ("llm_calls", "LLM calls"), ("rounds", "rounds"), ("followup_seen_share", "follow-up seen")]
-DIFF_COLUMNS = [("em", "ΔEM"), ("f1", "ΔF1"), ("answer_recall", "Δanswer recall"), ("gold_recall", "Δgold recall"),
+DIFF_COLUMNS = [("em", "ΔEM"), ("f1", "ΔF1"), ("answer_recall", "Δanswer recall"),
+                ("evidence_recall", "Δevidence recall"),
                 ("tokens", "Δreader tokens"), ("llm_calls", "ΔLLM calls")]
-SWEEP_COLUMNS = [("f1", "F1"), ("em", "EM"), ("answer_recall", "answer recall"), ("gold_recall", "gold recall"),
+SWEEP_COLUMNS = [("f1", "F1"), ("em", "EM"), ("answer_recall", "answer recall"),
+                 ("refinement_recall", "refinement recall (micro)"), ("evidence_recall", "evidence recall"),
                  ("tokens", "reader tokens"), ("tokens_before", "tokens before"),
                  ("encoded_tokens", "encoded tokens"), ("latency_compress", "compress s"), ("llm_calls", "LLM calls"),
                  ("rounds", "rounds")]
@@ -99,13 +106,36 @@ def _groups(runs: list[dict], role: str) -> dict[tuple, list[dict]]:
             for k, v in sorted(out.items())}
 
 
+def _at_point(group: list[dict], k: int, b: int) -> list[dict]:
+    """The runs of one (k, B) point; methods that ignore B at any B."""
+    return [r for r in group if r["spec"]["k"] == k and (r["spec"]["branching"] == b or not _uses_b(r))]
+
+
+def _uses_b(run: dict) -> bool:
+    m = METHODS.get(run["spec"]["method"])
+    return m is None or m.uses_branching
+
+
+def _main_point(group: list[dict]) -> tuple[int, int]:
+    """The ablation's (k, B): the one most methods ran at (ties: the smallest)."""
+    counts = defaultdict(set)
+    for r in group:
+        for rr in group:
+            if rr["spec"]["k"] == r["spec"]["k"] and (rr["spec"]["branching"] == r["spec"]["branching"] or not _uses_b(rr)):
+                counts[(r["spec"]["k"], r["spec"]["branching"])].add(rr["spec"]["method"])
+    return min(counts, key=lambda kb: (-len(counts[kb]), kb))
+
+
 def ablation_markdown(runs: list[dict]) -> list[str]:
     lines = []
-    for (dataset, setting, n, _), group in _groups(runs, "ablation").items():
-        specs = {(r["spec"]["k"], r["spec"]["branching"]) for r in group if r["spec"]["method"] == "canopy"}
-        k, b = min(specs) if specs else (group[0]["spec"]["k"], group[0]["spec"]["branching"])
+    for (dataset, setting, n, reader), group in _groups(runs, "ablation").items():
+        if len({r["spec"]["method"] for r in group}) == 1 and len(group) > 1:
+            continue  # one method over several points: a sweep, in the sweep table
+        k, b = _main_point(group)
+        group = _at_point(group, k, b)
         adapters = sorted({r["spec"]["node_adapter"] for r in group})
-        lines += [f"## {dataset}: methods ({setting} setting, k={k}, B={b}, {n} questions)", "",
+        note = "" if reader else ", reader skipped: EM/F1 not measured"
+        lines += [f"## {dataset}: methods ({setting} setting, k={k}, B={b}, {n} questions{note})", "",
                   f"Node encoder(s): {', '.join(adapters)}; reader: "
                   f"{', '.join(sorted({r['spec']['llm_model'] or '?' for r in group}))}. "
                   "Mean [95% bootstrap interval] over questions.", ""]
@@ -133,6 +163,8 @@ def ablation_markdown(runs: list[dict]) -> list[str]:
 def sweep_markdown(runs: list[dict]) -> list[str]:
     lines = []
     for (dataset, setting, n, reader), group in _groups(runs, "grid").items():
+        if len({(r["spec"]["k"], r["spec"]["branching"]) for r in group}) < 2:
+            continue  # one point: the methods table has it
         note = "" if reader else ", reader skipped: EM/F1 not measured"
         lines += [f"## {dataset}: sweep over k and B ({setting} setting, {n} questions{note})", ""]
         rows = [[r["spec"]["method"], str(r["spec"]["k"]),
@@ -228,6 +260,116 @@ def plot_tokens_by_b(runs: list[dict], path: Path) -> Path | None:
     return path
 
 
+def _pareto_sets(runs: list[dict]) -> dict[tuple, dict]:
+    """Per (data set, setting): ``main`` (each method at the ablation's point, the largest
+    sample) and ``curve`` (CANOPY over k x B, the sample with most CANOPY points)."""
+    by: dict[tuple, list[dict]] = defaultdict(list)
+    for r in runs:
+        by[(r["spec"]["dataset"], r["spec"]["setting"])].append(r)
+    out = {}
+    for key, group in sorted(by.items()):
+        n_main = max(r["spec"]["n_questions"] for r in group)
+        big = [r for r in group if r["spec"]["n_questions"] == n_main]
+        main = sorted(_at_point(big, *_main_point(big)), key=lambda r: _order(r["spec"]["method"]))
+        canopy = [r for r in group if r["spec"]["method"] == "canopy"]
+        ns = defaultdict(list)
+        for r in canopy:
+            ns[r["spec"]["n_questions"]].append(r)
+        curve = max(ns.values(), key=len) if ns else []
+        curve = sorted(curve, key=lambda r: _mean(r, "tokens")) if len(curve) > 1 else []
+        out[key] = {"main": main, "curve": curve}
+    return out
+
+
+def _ratio(a: dict, b: dict, m: str) -> str:
+    x, y = _mean(a, m), _mean(b, m)
+    return "-" if not (y and y == y and x == x) else f"{x / y - 1:+.1%}"
+
+
+def pareto_markdown(runs: list[dict]) -> list[str]:
+    """Reader tokens against answer recall: one table per data set and setting."""
+    lines = []
+    for (dataset, setting), sets in _pareto_sets(runs).items():
+        main, curve = sets["main"], sets["curve"]
+        if not main:
+            continue
+        ref = next((r for r in main if r["spec"]["method"] == "no_projection"), None)
+        base = next((r for r in main if r["spec"]["method"] == "canopy"), None)
+        k, b = main[0]["spec"]["k"], main[0]["spec"]["branching"]
+        lines += [f"### {dataset}, {setting} setting: reader tokens vs answer recall (k={k}, B={b})", "",
+                  "Mean [95% bootstrap interval] over questions (refinement recall: micro over gold leaves "
+                  "shown); Δ columns: paired differences on the same questions.", ""]
+        cols = ["method", "n", "reader tokens", "answer recall", "refinement recall", "evidence recall", "EM", "F1"]
+        if ref:
+            cols += ["tokens vs no_projection", "Δanswer recall vs no_projection"]
+        if base:
+            cols += ["Δanswer recall vs canopy", "Δevidence recall vs canopy"]
+        rows = []
+        for r in main:
+            row = [r["spec"]["method"], str(len([x for x in r["records"] if "error" not in x])),
+                   *(cell(r["aggregate"].get(m), m)
+                     for m in ("tokens", "answer_recall", "refinement_recall", "evidence_recall", "em", "f1"))]
+            if ref:
+                d = paired_differences(r["records"], ref["records"], ["answer_recall"])["answer_recall"]
+                row += [_ratio(r, ref, "tokens"), "-" if r is ref else cell(d, "answer_recall")]
+            if base:
+                d = paired_differences(r["records"], base["records"], ["answer_recall", "evidence_recall"])
+                row += ["-" if r is base else cell(d[m], m) for m in ("answer_recall", "evidence_recall")]
+            rows.append(row)
+        lines += _table(cols, rows) + [""]
+        if curve:
+            lines += [f"CANOPY over k x B ({curve[0]['spec']['n_questions']} questions):", ""]
+            rows = [[str(r["spec"]["k"]), str(r["spec"]["branching"]),
+                     *(cell(r["aggregate"].get(m), m) for m in ("tokens", "answer_recall", "evidence_recall"))]
+                    for r in curve]
+            lines += _table(["k", "B", "reader tokens", "answer recall", "evidence recall"], rows) + [""]
+    return lines
+
+
+def plot_pareto(runs: list[dict], out: Path) -> list[Path]:
+    """``pareto_<dataset>_<setting>.png``: each method a point with its intervals on both axes,
+    CANOPY's k x B sweep as one line per B through k."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for (dataset, setting), sets in _pareto_sets(runs).items():
+        main, curve = sets["main"], sets["curve"]
+        if not main:
+            continue
+        fig, ax = plt.subplots(figsize=(5.6, 4.2))
+        by_b = defaultdict(list)  # the sweep: one line per B through k
+        for r in curve:
+            by_b[r["spec"]["branching"]].append(r)
+        for i, (b, rs) in enumerate(sorted(by_b.items())):
+            rs = sorted(rs, key=lambda r: r["spec"]["k"])
+            xs, ys = [_mean(r, "tokens") for r in rs], [_mean(r, "answer_recall") for r in rs]
+            ax.plot(xs, ys, "--.", color=str(0.3 + 0.2 * i), lw=1, zorder=1,
+                    label=f"canopy B={b}, k={','.join(str(r['spec']['k']) for r in rs)} (n={rs[0]['spec']['n_questions']})")
+        for r in main:
+            t, a = r["aggregate"]["tokens"], r["aggregate"]["answer_recall"]
+            if t.get("mean") is None or a.get("mean") is None:
+                continue
+            m = r["spec"]["method"]
+            ax.errorbar(t["mean"], a["mean"], xerr=[[t["mean"] - t["low"]], [t["high"] - t["mean"]]],
+                        yerr=[[a["mean"] - a["low"]], [a["high"] - a["mean"]]], fmt="osD^vP<>"[_order(m) % 8],
+                        capsize=3, alpha=0.8, mfc="none" if m != "canopy" else None,
+                        color=f"C{_order(m)}", label=f"{m} (n={a['n']})", zorder=2)
+        k, b = main[0]["spec"]["k"], main[0]["spec"]["branching"]
+        ax.set_xlabel("reader evidence tokens (mean per question)")
+        ax.set_ylabel("answer recall in the reader's evidence")
+        ax.set_title(f"{dataset}, {setting} setting (methods at k={k}, B={b})", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        paths.append(out / f"pareto_{dataset}_{setting}.png")
+        fig.savefig(paths[-1], dpi=80)
+        plt.close(fig)
+    return paths
+
+
 def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> dict:
     """Write ``results.md``, ``quality_vs_tokens.png`` and ``tokens_by_b.png``; return their paths."""
     results_dir = Path(results_dir)
@@ -236,12 +378,24 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     runs = load_runs(results_dir)
     lines = ["# CANOPY evaluation", "",
              f"{len(runs)} runs from `{results_dir}`. EM/F1: reader answer vs gold (SQuAD normalisation); "
-             "answer recall: a gold answer occurs in the reader's evidence (reader-independent); gold recall: "
-             "share of gold leaves kept; reader tokens: the reader's evidence in the reader's tokens (each run's "
-             "`spec.tokens_in`); encoded tokens: what the node encoder read to compress it.", ""]
+             "answer recall: a gold answer occurs in the reader's evidence (reader-independent); refinement "
+             "recall (the paper's): gold leaves kept over gold leaves of the gold items shown to refinement, "
+             "micro over questions; evidence recall (end to end): a question's gold leaves kept, unretrieved "
+             "gold counting as missed, averaged per question; retrieval recall: gold items retrieved; reader "
+             "tokens: the reader's evidence in the reader's tokens (each run's `spec.tokens_in`); encoded "
+             "tokens: what the node encoder read to compress it. `random` and `flat_matched` replay CANOPY's "
+             "run with each item cut to CANOPY's tokens for it (random leaves; best leaves by f_theta).", ""]
+    pareto = pareto_markdown(runs)
+    if pareto:
+        lines += ["## Reader tokens vs answer recall", ""] + pareto
     lines += ablation_markdown(runs) + sweep_markdown(runs)
     paths = {"markdown": out / "results.md"}
     write_text(paths["markdown"], "\n".join(lines) + "\n")
+    if pareto:
+        paths["pareto_markdown"] = out / "pareto.md"
+        write_text(paths["pareto_markdown"], "\n".join(["# Reader tokens vs answer recall", ""] + pareto) + "\n")
+    for i, p in enumerate(plot_pareto(runs, out)):
+        paths[f"pareto_{i}"] = p
     for name, fn in (("quality_vs_tokens", plot_quality_vs_tokens), ("tokens_by_b", plot_tokens_by_b)):
         p = fn(runs, out / f"{name}.png")
         if p is not None:

@@ -10,9 +10,17 @@ Per question (:func:`question_record`):
 
 - ``em``, ``f1``: the reader's answer against the gold answers (SQuAD normalisation);
 - ``answer_recall``: a gold answer occurs in the evidence the reader received (reader-free);
-- ``gold_recall``: share of located gold leaves (``question.gold``) inside the kept spans of the
-  retrieved gold items (a gold item never retrieved counts as missed; whole-item gold entries
-  are left out); ``gold_item_recall``: share of gold items retrieved at all;
+- three gold-evidence recalls over the located gold leaves (``question.gold``; whole-item gold
+  entries are left out), named apart because they answer different questions:
+  ``refinement_recall`` (the paper's): of the gold leaves of the gold items *shown to
+  refinement* (retrieved), the share inside the kept spans; aggregated **micro** (kept over
+  shown, summed over questions: ``refinement_kept`` / ``refinement_gold``), undefined for a
+  question whose gold items were all missed; ``evidence_recall`` (end to end, retrieval and
+  refinement): the share of *all* its gold leaves that are kept, a gold item never retrieved
+  counting as missed, averaged per question; ``retrieval_recall``: the share of its gold items
+  retrieved at all;
+- ``kept_tokens``: per retrieved item, the tokens of its evidence piece (the budget the
+  matched-budget baselines replay, :mod:`canopy_ray.eval.matched`);
 - ``tokens`` (reader evidence), ``tokens_before``/``tokens_after`` (of every retrieved item,
   before/after compression), ``llm_calls``, ``llm_failures``, ``rounds``;
 - ``followup_seen_share``: of the plain top-k of rounds >= 2, the share already in the evidence
@@ -43,8 +51,10 @@ from canopy_ray.compressor import Compressor
 from canopy_ray.core.evidence import TokenCounter
 from canopy_ray.core.items import Item, Question, iter_jsonl, parse_question
 from canopy_ray.core.splits import sample_questions, split_of
-from canopy_ray.core.metrics import answer_recall, bootstrap_ci, covered, exact_match, f1_score, paired_difference_ci
+from canopy_ray.core.metrics import (answer_recall, bootstrap_ci, covered, exact_match, f1_score,
+                                    paired_difference_ci, ratio_ci)
 from canopy_ray.eval.cache import CachingEncoder
+from canopy_ray.eval.matched import ReplayBackends
 from canopy_ray.eval.methods import Method
 from canopy_ray.models.llm.protocol import ChatResult
 from canopy_ray.pipeline import Answer, LocalBackends, MemoryRetriever, Pipeline, Settings
@@ -52,11 +62,13 @@ from canopy_ray.pipeline import Answer, LocalBackends, MemoryRetriever, Pipeline
 SETTINGS = ("given", "open")
 STAGES = ("encode", "search", "fetch", "compress", "llm_critic", "llm_reader", "llm_table", "total")
 # Metrics aggregated per run, in report order; ``higher`` says which direction is better.
-METRICS = ("em", "f1", "answer_recall", "gold_recall", "gold_item_recall", "tokens", "tokens_before",
+METRICS = ("em", "f1", "answer_recall", "refinement_recall", "evidence_recall", "retrieval_recall", "tokens", "tokens_before",
            "tokens_after", "nodes_encoded", "encoded_tokens", "llm_calls", "llm_failures", "rounds",
            "followup_seen_share",
            *(f"latency_{s}" for s in STAGES))
-HIGHER_IS_BETTER = {"em", "f1", "answer_recall", "gold_recall", "gold_item_recall"}
+HIGHER_IS_BETTER = {"em", "f1", "answer_recall", "refinement_recall", "evidence_recall", "retrieval_recall"}
+# micro-averaged: the metric's aggregate is sum(numerator) / sum(denominator) over questions
+MICRO = {"refinement_recall": ("refinement_kept", "refinement_gold")}
 
 
 # ---------------------------------------------------------------- question sets
@@ -134,16 +146,19 @@ def _nan_to_none(x: float) -> float | None:
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
-def gold_recalls(question: Question, ans: Answer) -> tuple[float, float]:
-    """(gold-fragment recall, gold-item recall) of one answer; NaN where undefined."""
+def gold_recalls(question: Question, ans: Answer) -> dict:
+    """The gold-evidence recalls of one answer (see the module docstring); NaN where undefined."""
     kept = {r.id: covered(r.kept) for r in ans.results}
     located = [g for g in question.gold if g.leaves]
     total = sum(len(g.leaves) for g in located)
-    hit = sum(len(set(g.leaves) & kept[g.item_id]) for g in located if g.item_id in kept)
+    shown = [g for g in located if g.item_id in kept]
+    shown_total = sum(len(g.leaves) for g in shown)
+    hit = sum(len(set(g.leaves) & kept[g.item_id]) for g in shown)
     items = {g.item_id for g in question.gold}
-    frag = hit / total if total else math.nan
-    item = len(items & set(kept)) / len(items) if items else math.nan
-    return frag, item
+    return {"refinement_recall": hit / shown_total if shown_total else math.nan,
+            "refinement_kept": hit, "refinement_gold": shown_total,
+            "evidence_recall": hit / total if total else math.nan,
+            "retrieval_recall": len(items & set(kept)) / len(items) if items else math.nan}
 
 
 def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float] | None = None,
@@ -154,7 +169,7 @@ def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float
     the skipped call is not counted."""
     saved_s = saved_s or {}
     scored = reader and bool(question.answers)
-    frag, item = gold_recalls(question, ans)
+    recalls = {k: _nan_to_none(v) for k, v in gold_recalls(question, ans).items()}
     latency = {s: float(ans.timings.get(s, 0.0)) for s in STAGES}
     for role, s in saved_s.items():  # cached LLM calls cost what they cost the first time
         latency[f"llm_{role}"] = latency.get(f"llm_{role}", 0.0) + s
@@ -165,7 +180,7 @@ def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float
         "em": exact_match(ans.answer, question.answers) if scored else None,
         "f1": f1_score(ans.answer, question.answers) if scored else None,
         "answer_recall": answer_recall(ans.evidence_text, question.answers) if question.answers else None,
-        "gold_recall": _nan_to_none(frag), "gold_item_recall": _nan_to_none(item),
+        **recalls,
         "tokens": ans.tokens.get("reader", 0), "tokens_before": ans.tokens.get("before", 0),
         "tokens_after": ans.tokens.get("after", 0),
         "nodes_encoded": ans.tokens.get("nodes_encoded", 0), "encoded_tokens": ans.tokens.get("encoded", 0),
@@ -178,6 +193,7 @@ def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float
         "llm_failures_by_role": dict(ans.llm_failures),
         "llm_cache_hits": cache_hits, "queries": ans.queries, "retrieved": ans.retrieved,
         "kept": {r.id: [list(s) for s in r.kept] for r in ans.results},
+        "kept_tokens": {r.id: r.tokens_after for r in ans.results},
     }
     return rec
 
@@ -193,9 +209,15 @@ def metric_values(records: Iterable[Mapping], metric: str) -> list[float]:
 
 def aggregate(records: Sequence[Mapping], metrics: Sequence[str] = METRICS, n_boot: int = 2000,
               seed: int = 0) -> dict:
-    """``{metric: {mean, low, high, n}}`` over the questions where the metric is defined."""
+    """``{metric: {mean, low, high, n}}`` over the questions where the metric is defined; a
+    :data:`MICRO` metric is its ratio of sums, the interval resampling questions (``n``: the
+    questions that contribute to the denominator)."""
     out = {}
     for m in metrics:
+        if m in MICRO and any(MICRO[m][1] in r for r in records):
+            num, den = (metric_values(records, f) for f in MICRO[m])
+            out[m] = _finite(ratio_ci(num, den, n_boot=n_boot, seed=seed).as_dict()) | {"n": sum(d > 0 for d in den)}
+            continue
         vals = metric_values(records, m)
         out[m] = _finite(bootstrap_ci(vals, n_boot=n_boot, seed=seed).as_dict()) | {"n": len(vals)}
     return out
@@ -268,6 +290,8 @@ class Runner:
         frozen = frozen_nodes(encoder)
         self.frozen_encoder = self.encoder if frozen is encoder else CachingEncoder(frozen)
         self._compressors: dict = {}
+        self._references: dict = {}  # CANOPY's records per (sample, settings, setting, index)
+        self.random_seed = 0  # the random baseline's leaves: seeded per (this, question, item)
         self.vector_cache = None  # one node-vector cache for every method, point and index
         if cfg.models.cache_mb:
             from canopy_ray.models.vector_cache import VectorCache
@@ -297,14 +321,51 @@ class Runner:
         items = [eval_set.items[c] for c in question.candidates]
         return MemoryRetriever(items, self.encoder, self.compressor(False))
 
+    def _reference_key(self, eval_set: EvalSet, settings: Settings, setting: str, index) -> tuple:
+        return (eval_set.name, eval_set.ids_digest, dataclasses.replace(settings, mode="canopy"), setting,
+                id(index) if setting == "open" else None)
+
+    def reference(self, eval_set: EvalSet, settings: Settings, setting: str = "given", index=None) -> dict:
+        """CANOPY's records (by question id) for this sample and settings, which the matched-budget
+        methods replay: those of a CANOPY run made earlier by this runner, else a CANOPY run
+        made now without the reader (the reader comes last, so the trajectory is the same)."""
+        from canopy_ray.eval.methods import get_method
+
+        key = self._reference_key(eval_set, settings, setting, index)
+        if key not in self._references:
+            canopy = get_method("canopy")
+            self.run(eval_set, canopy, dataclasses.replace(settings, mode="canopy"), setting, index=index,
+                     reader=False)
+        return self._references[key]
+
+    def add_reference(self, eval_set: EvalSet, settings: Settings, run: Mapping, setting: str = "given",
+                      index=None) -> None:
+        """Use a finished CANOPY run (a run JSON) as the reference of the matched-budget methods,
+        when it was made on this sample, with these settings and this node encoder."""
+        from canopy_ray.eval.methods import get_method
+
+        spec = run["spec"]
+        # a settings field the run does not record is newer than the run: its default applied
+        want = {k: v for k, v in dataclasses.asdict(dataclasses.replace(settings, mode="canopy")).items()
+                if k in spec or getattr(Settings(), k) != v}
+        problems = [f"{k}: {spec.get(k)!r} != {v!r}" for k, v in
+                    {"method": "canopy", "dataset": eval_set.name, "setting": setting,
+                     "question_ids": eval_set.ids_digest, "node_adapter": self.node_adapter_id(get_method("canopy")),
+                     **want}.items() if spec.get(k) != v]
+        if problems:
+            raise ValueError("the reference run does not match: " + "; ".join(problems))
+        self._references[self._reference_key(eval_set, settings, setting, index)] = {r["id"]: r for r in run["records"]}
+
     async def arun(self, eval_set: EvalSet, method: Method, settings: Settings, setting: str = "given",
-                   progress=None, index=None, reader: bool = True) -> list[dict]:
+                   progress=None, index=None, reader: bool = True, reference: Mapping | None = None) -> list[dict]:
         if setting != "open":
             index = None
         else:
             index = index if index is not None else self.index
             if index is None:
                 raise ValueError("the open setting needs an index (Runner(index=load_index(dir)))")
+        if method.matched and reference is None:
+            raise ValueError(f"method {method.name!r} replays a CANOPY run: pass its records as reference")
         enc = self.frozen_encoder if method.frozen else self.encoder
         comp = self.compressor(method.frozen, index)
         client = self.client if reader else SkipReader(self.client)
@@ -313,12 +374,24 @@ class Runner:
             hits0 = getattr(self.client, "hits", 0)
             saved0 = Counter(getattr(self.client, "saved_s", {}))
             try:
-                pipe = Pipeline(LocalBackends(enc, self._retriever(eval_set, q, index), comp, client),
-                                settings, self.count_tokens)
-                ans = await pipe.answer(q.question)
+                retriever = self._retriever(eval_set, q, index)
+                if method.matched:
+                    ref = reference.get(q.id)
+                    if ref is None or "error" in ref:
+                        raise ValueError(f"no CANOPY record to replay for {q.id}")
+                    backends = ReplayBackends(method.matched, ref, enc, retriever, comp, client,
+                                              seed=self.random_seed, question_id=q.id)
+                else:
+                    backends = LocalBackends(enc, retriever, comp, client)
+                ans = await Pipeline(backends, settings, self.count_tokens).answer(q.question)
             except Exception as e:  # one broken question must not sink a run; it is counted
                 records.append({"id": q.id, "question": q.question, "error": f"{type(e).__name__}: {e}"})
                 continue
+            if method.matched:  # the replayed critic made no call; follow-ups are CANOPY's
+                ans.llm_calls.pop("critic", None)
+                ans.llm_failures.pop("critic", None)
+                ans.timings.pop("llm_critic", None)
+                ans.followup_seen = ans.followup_total = 0
             saved = Counter(getattr(self.client, "saved_s", {}))
             saved.subtract(saved0)
             records.append(question_record(q, ans, +saved, getattr(self.client, "hits", 0) - hits0, reader))
@@ -328,13 +401,17 @@ class Runner:
 
     def run(self, eval_set: EvalSet, method: Method, settings: Settings | None = None, setting: str = "given",
             progress=None, index=None, reader: bool = True) -> dict:
-        """A finished run: ``{spec, records, aggregate, errors, wall_s}``."""
+        """A finished run: ``{spec, records, aggregate, errors, wall_s}``. A matched-budget method
+        replays CANOPY's run of the same sample and settings (:meth:`reference`)."""
         from canopy_ray.models.llm.tokens import counter_name
 
         settings = settings or method.settings(self.base_settings())
         t0 = time.perf_counter()
-        records = asyncio.run(self.arun(eval_set, method, settings, setting, progress, index, reader))
+        reference = self.reference(eval_set, settings, setting, index) if method.matched else None
+        records = asyncio.run(self.arun(eval_set, method, settings, setting, progress, index, reader, reference))
         good = [r for r in records if "error" not in r]
+        if method.name == "canopy":
+            self._references[self._reference_key(eval_set, settings, setting, index)] = {r["id"]: r for r in records}
         return {
             "spec": run_spec(eval_set, method, settings, setting, self.node_adapter_id(method),
                              getattr(self.client, "model", "")) | {"reader": reader,

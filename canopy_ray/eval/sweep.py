@@ -285,15 +285,18 @@ def run_points(points: list[dict], cfg_data: dict, datasets: dict, out_dir: Path
 
 
 def run_sweep(spec: SweepSpec, out_dir: str | Path, *, root: str | Path = ".", client_factory=None,
-              report: bool = True, progress: Callable[[str], None] = print) -> dict:
+              report: bool = True, progress: Callable[[str], None] = print, llm: dict | None = None) -> dict:
     """Run the pending points of ``spec`` (Ray must be initialised) and write the report.
+
+    ``llm`` overrides the config's ``llm`` section (``--llm-url``: an OpenAI-compatible server
+    as reader and critic); it is part of the config digest, so such points rerun.
 
     Returns ``{"points": n, "ran": [...keys], "skipped": [...keys], "wall_s": s}``.
     """
     from canopy_ray.config import load_config
 
     root, out_dir = Path(root), Path(out_dir)
-    cfg = load_config(root / spec.config)
+    cfg = load_config(root / spec.config, **({"llm": llm} if llm else {}))
     cfg_data = cfg.model_dump()
     points = expand(spec, digest(cfg_data, 12))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -339,6 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or a local instance)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray instance")
     p.add_argument("--no-report", action="store_true", help="skip the table and plots")
+    p.add_argument("--llm-url", default=None, metavar="URL",
+                   help="an OpenAI-compatible server (base URL ending in /v1) as reader and critic, "
+                        "instead of the config's LLM")
+    p.add_argument("--llm-model", default=None, metavar="M",
+                   help="the served model's name (default: the first one the server lists)")
     return p
 
 
@@ -347,7 +355,15 @@ def main(argv=None) -> int:
 
     import ray
 
+    from canopy_ray.config import ConfigError
+    from canopy_ray.evaluator import llm_override
+
     args = build_parser().parse_args(argv)
+    try:
+        llm = llm_override(args.llm_url, args.llm_model).get("llm")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     overrides = {"questions": args.questions}
     if args.max_actors:
         overrides["pool"] = {"max_actors": args.max_actors}
@@ -369,7 +385,7 @@ def main(argv=None) -> int:
             ray.init(num_cpus=cpus, include_dashboard=False)
         started = True
     try:
-        summary = run_sweep(spec, args.out, root=args.root, report=not args.no_report)
+        summary = run_sweep(spec, args.out, root=args.root, report=not args.no_report, llm=llm)
     finally:
         if started:
             ray.shutdown()

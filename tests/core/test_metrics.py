@@ -5,7 +5,7 @@ import pytest
 
 from canopy_ray import balanced_tree
 from canopy_ray.core.metrics import (accuracy, answer_recall, bootstrap_ci, decision_accuracy, exact_match,
-                                     f1_score, gold_recall, normalize_answer, paired_difference_ci,
+                                     f1_score, gold_recall, normalize_answer, paired_difference_ci, ratio_ci,
                                      pruned_share, refinement_stats)
 
 
@@ -76,3 +76,15 @@ def test_paired_difference_of_identical_methods_is_zero():
     assert (ci.mean, ci.low, ci.high) == (0.0, 0.0, 0.0)
     with pytest.raises(ValueError):
         paired_difference_ci([1.0], [1.0, 2.0])
+
+
+def test_ratio_ci_is_the_micro_average_with_questions_resampled():
+    num, den = [1, 3, 0, 2], [2, 3, 0, 4]
+    iv = ratio_ci(num, den, seed=1)
+    assert iv.mean == pytest.approx(6 / 9)  # sum over sum, not the mean of 1/2, 1, 1/2
+    assert iv.low < iv.mean < iv.high and 0 <= iv.low and iv.high <= 1
+    same = ratio_ci([2, 4, 6], [4, 8, 12])  # every unit at 1/2: no spread
+    assert same.low == same.mean == same.high == pytest.approx(0.5)
+    assert math.isnan(ratio_ci([0, 0], [0, 0]).mean)
+    with pytest.raises(ValueError):
+        ratio_ci([1], [1, 2])

@@ -50,3 +50,21 @@ def test_eval_job_with_the_packaged_reader(tmp_path):
     (rec,) = run["records"]
     assert run["spec"]["llm_model"] and rec["llm_calls_by_role"] == {"reader": 1} and isinstance(rec["prediction"], str)
     assert rec["answer_recall"] == 1.0 and run["aggregate"]["em"]["n"] == 1
+
+
+@pytest.mark.integration
+def test_matched_methods_replay_a_saved_canopy_run(minilm, tmp_path):
+    cfg = load_config(None)
+    first = evaluate(cfg, QUESTIONS, CORPUS, methods="canopy", n=3, out=tmp_path / "a", client=ScriptedClient(),
+                     encoder=minilm)
+    ref = tmp_path / "a" / "eval_canopy.json"
+    client = ScriptedClient()
+    again = evaluate(cfg, QUESTIONS, CORPUS, methods="random", n=3, out=tmp_path / "b", client=client,
+                     encoder=minilm, reference=ref)
+    rec = again["runs"]["random"]["records"]
+    # CANOPY was not run again: the only LLM calls are the replay's readers and table classifiers
+    assert client.calls == sum(r["llm_calls"] for r in rec) and all("critic" not in r["llm_calls_by_role"] for r in rec)
+    assert [r["retrieved"] for r in rec] == [r["retrieved"] for r in first["runs"]["canopy"]["records"]]
+    with pytest.raises(ValueError, match="k: 10 != 3"):  # made with other settings: refused
+        evaluate(cfg, QUESTIONS, CORPUS, methods="random", n=3, k=3, client=ScriptedClient(), encoder=minilm,
+                 reference=ref)

@@ -36,8 +36,28 @@ def test_report_writes_tables_and_plots(tmp_path):
     assert "| vanilla | 0.000 [0.000, 0.000] | -0.125 [-0.375, 0.000] |" in md and "| 200 [200, 200] |" in md
     assert "## tiny: sweep over k and B (given setting, 4 questions)" in md
     assert "| canopy | 5 | 3 |" in md and "| vanilla | 10 | any |" in md
+    # the Pareto table and plot: methods at the ablation's point, CANOPY over k x B as a curve
+    assert "### tiny, given setting: reader tokens vs answer recall (k=10, B=2)" in md
+    assert "| canopy | 4 | 98 [" in md and "| 5 | 3 | 65 [" in md
+    assert (res / "pareto.md").read_text().startswith("# Reader tokens vs answer recall")
+    assert (res / "pareto_tiny_given.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in ("quality_vs_tokens", "tokens_by_b"):
         assert (res / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and name in paths
     assert main([str(res), "--out", str(tmp_path / "elsewhere")]) == 0
     assert (tmp_path / "elsewhere" / "results.md").exists()
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_pareto_compares_with_no_projection_and_keeps_the_ablation_point(tmp_path):
+    res = tmp_path / "res"
+    write_json(res / "a.json", _run("canopy", 10, 2, [1.0, 0.5, 0.0, 1.0], [100, 120, 80, 90]))
+    write_json(res / "b.json", _run("no_projection", 10, 2, [1.0, 0.0, 0.0, 1.0], [200, 240, 160, 180]))
+    write_json(res / "c.json", _run("random", 10, 2, [0.0, 0.0, 0.0, 1.0], [100, 118, 80, 90]))
+    write_json(res / "d.json", _run("canopy", 20, 3, [0.0, 0.0, 0.0, 1.0], [50, 50, 50, 50]))
+    write_report(res)
+    md = (res / "results.md").read_text()
+    # canopy uses half of no_projection's tokens; the k=20 point is in the curve, not the ablation
+    assert "| canopy | 4 | 98 [" in md and "| -50.0% | 0.000 [0.000, 0.000] | - | - |" in md
+    assert "| no_projection | 4 | 195 [" in md and "| +0.0% | - | 0.000 [0.000, 0.000] | - |" in md
+    ablation = md.split("## tiny: methods")[1].split("Paired differences")[0]
+    assert ablation.count("| canopy |") == 1 and "| random |" in ablation

@@ -3,11 +3,13 @@ on a hand-worked answer, the six methods on the tiny set with a scripted reader,
 
 import asyncio
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
 
 from canopy_ray.config import load_config
+from canopy_ray.core.evidence import render
 from canopy_ray.core.items import Gold, Question
 from canopy_ray.core.metrics import bootstrap_ci, paired_difference_ci
 from canopy_ray.eval.cache import CachedChatClient
@@ -20,11 +22,11 @@ from tests.eval.scripted import ScriptedClient
 
 
 def test_aggregate_is_the_bootstrap_over_defined_values():
-    recs = [{"id": f"q{i}", "em": float(i % 2), "gold_recall": None if i == 0 else i / 10, "tokens": 100 + i}
+    recs = [{"id": f"q{i}", "em": float(i % 2), "evidence_recall": None if i == 0 else i / 10, "tokens": 100 + i}
             for i in range(9)]
-    agg = aggregate(recs, ["em", "gold_recall", "tokens", "rounds"])
+    agg = aggregate(recs, ["em", "evidence_recall", "tokens", "rounds"])
     assert agg["em"] == bootstrap_ci([float(i % 2) for i in range(9)]).as_dict() | {"n": 9}
-    assert agg["gold_recall"]["n"] == 8 and agg["gold_recall"]["mean"] == pytest.approx(0.45)
+    assert agg["evidence_recall"]["n"] == 8 and agg["evidence_recall"]["mean"] == pytest.approx(0.45)
     assert agg["tokens"]["low"] <= agg["tokens"]["mean"] == 104 <= agg["tokens"]["high"]
     assert agg["rounds"] == {"mean": None, "low": None, "high": None, "n": 0}  # strict JSON, no NaN
     json.dumps(agg, allow_nan=False)
@@ -50,12 +52,29 @@ def test_paired_differences_pair_questions_by_id():
     assert shift["mean"] == shift["low"] == shift["high"] == -20  # a constant difference has no spread
 
 
-def test_gold_recall_on_a_hand_worked_answer():
+def test_gold_recalls_on_a_hand_worked_answer():
     q = Question("q", "?", ("x",), gold=(Gold("a", (1, 2)), Gold("b", (0,)), Gold("c", ())))
     ans = SimpleNamespace(results=[SimpleNamespace(id="a", kept=[(0, 2)]), SimpleNamespace(id="c", kept=[(3, 4)])])
-    frag, item = gold_recalls(q, ans)
-    assert frag == pytest.approx(1 / 3)  # leaves a1, a2, b0: only a1 kept; c is whole-gold, left out
-    assert item == pytest.approx(2 / 3)  # a and c retrieved, b not
+    got = gold_recalls(q, ans)
+    # leaves a1, a2, b0 (c is whole-gold, left out); only a1 kept; b was never retrieved
+    assert got["evidence_recall"] == pytest.approx(1 / 3)  # end to end: b0 counts as missed
+    assert got["refinement_recall"] == pytest.approx(1 / 2)  # shown to refinement: a1, a2 only
+    assert (got["refinement_kept"], got["refinement_gold"]) == (1, 2)
+    assert got["retrieval_recall"] == pytest.approx(2 / 3)  # a and c retrieved, b not
+    missed = gold_recalls(q, SimpleNamespace(results=[SimpleNamespace(id="c", kept=[(0, 1)])]))
+    assert math.isnan(missed["refinement_recall"]) and missed["evidence_recall"] == 0.0
+
+
+def test_refinement_recall_aggregates_micro_the_others_per_question():
+    # q0: 1 of 2 shown gold leaves kept, q1: 3 of 3 kept, q2: no gold shown (undefined)
+    recs = [{"id": "q0", "refinement_recall": 0.5, "refinement_kept": 1, "refinement_gold": 2, "evidence_recall": 0.25},
+            {"id": "q1", "refinement_recall": 1.0, "refinement_kept": 3, "refinement_gold": 3, "evidence_recall": 1.0},
+            {"id": "q2", "refinement_recall": None, "refinement_kept": 0, "refinement_gold": 0, "evidence_recall": 0.0}]
+    agg = aggregate(recs, ["refinement_recall", "evidence_recall"])
+    assert agg["refinement_recall"]["mean"] == pytest.approx(4 / 5)  # micro: (1 + 3) / (2 + 3), not 0.75
+    assert agg["refinement_recall"]["n"] == 2
+    assert agg["refinement_recall"]["low"] <= 0.8 <= agg["refinement_recall"]["high"]
+    assert agg["evidence_recall"]["mean"] == pytest.approx(1.25 / 3)  # per question, q2 included
 
 
 def test_methods_map_to_pipeline_settings():
@@ -65,6 +84,8 @@ def test_methods_map_to_pipeline_settings():
     assert METHODS["no_iteration"].settings(base, branching=3) == Settings(rounds=1, branching=3)
     assert METHODS["flat"].settings(base, flat_m=2) == Settings(mode="flat", flat_m=2)
     assert METHODS["frozen"].frozen and not METHODS["canopy"].frozen
+    assert METHODS["random"].settings(base, k=5) == Settings(k=5) and METHODS["random"].matched == "random"
+    assert METHODS["flat_matched"].settings(base) == Settings() and METHODS["flat_matched"].matched == "flat"
     assert [m.name for m in parse_methods("all")] == list(METHODS)
     with pytest.raises(ValueError):
         parse_methods("canopy,bogus")
@@ -106,7 +127,7 @@ def test_methods_behave_as_specified(tiny_runs, tiny_set, minilm, random_adapter
         assert r["rounds"] == 1 and r["llm_calls_by_role"] == {"reader": 1}
         # nothing compressed; the reader's tokens add the separators between the items
         assert r["tokens_before"] == r["tokens_after"] <= r["tokens"] <= r["tokens_after"] + 2 * len(r["kept"])
-        assert r["gold_recall"] == r["gold_item_recall"] == 1.0
+        assert r["evidence_recall"] == r["refinement_recall"] == r["retrieval_recall"] == 1.0
     for r in by["no_iteration"].values():
         assert r["rounds"] == 1 and "critic" not in r["llm_calls_by_role"]
     for qid, r in by["canopy"].items():
@@ -169,6 +190,27 @@ def test_methods_behave_as_specified(tiny_runs, tiny_set, minilm, random_adapter
 
 
 @pytest.mark.integration
+def test_matched_baselines_replay_canopy_at_its_tokens_per_item(tiny_runs, runner, tiny_set):
+    canopy = {r["id"]: r for r in tiny_runs["canopy"]["records"]}
+    differs = False
+    for name in ("random", "flat_matched"):
+        for r in tiny_runs[name]["records"]:
+            c = canopy[r["id"]]
+            # the same trajectory: queries, items per round, rounds; the critic is replayed, not asked
+            assert (r["queries"], r["retrieved"], r["rounds"]) == (c["queries"], c["retrieved"], c["rounds"])
+            assert "critic" not in r["llm_calls_by_role"] and r["llm_calls_by_role"]["reader"] == 1
+            assert set(r["kept_tokens"]) == set(c["kept_tokens"])
+            for item, budget in c["kept_tokens"].items():  # within one leaf of CANOPY's tokens
+                tree = runner.compressor(False).tree(tiny_set.items[item])
+                leaf = max(runner.count_tokens(render(tree, [n.span])) for n in tree.nodes() if n.is_leaf)
+                assert abs(r["kept_tokens"][item] - budget) < leaf, (name, r["id"], item)
+            differs |= r["kept"] != c["kept"]
+    assert differs  # the baselines choose other leaves somewhere
+    with pytest.raises(ValueError, match="reference"):
+        asyncio.run(runner.arun(tiny_set, METHODS["random"], METHODS["random"].settings(runner.base_settings())))
+
+
+@pytest.mark.integration
 def test_skipping_the_reader_keeps_the_reader_independent_metrics(runner, tiny_set, tiny_runs):
     calls = runner.client.calls
     free = runner.run(tiny_set, METHODS["no_iteration"], reader=False)
@@ -177,8 +219,8 @@ def test_skipping_the_reader_keeps_the_reader_independent_metrics(runner, tiny_s
     assert free["spec"]["reader"] is False and free["aggregate"]["em"]["n"] == 0
     for r, full in zip(free["records"], tiny_runs["no_iteration"]["records"]):
         assert r["em"] is None and "reader" not in r["llm_calls_by_role"]
-        assert (r["tokens"], r["answer_recall"], r["gold_recall"]) == (full["tokens"], full["answer_recall"],
-                                                                       full["gold_recall"])
+        assert (r["tokens"], r["answer_recall"], r["evidence_recall"]) == (full["tokens"], full["answer_recall"],
+                                                                           full["evidence_recall"])
 
 
 def test_chat_cache_answers_repeats_and_survives_reopening(tmp_path):

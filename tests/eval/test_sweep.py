@@ -66,6 +66,27 @@ def test_two_point_sweep_end_to_end_then_resume(tiny_index, tmp_path):
     assert {k: v for k, v in _mtimes(out).items() if k in before} == before
 
 
+def test_matched_points_replay_canopy_in_the_open_setting(tiny_index, tmp_path):
+    spec = _spec(tiny_index, [2]).model_copy(update={"grids": [GridSpec(methods=["canopy", "random", "flat_matched"],
+                                                                         k=[2], branching=[2])]})
+    out = tmp_path / "sweep"
+    done = run_sweep(spec, out, root=ROOT, client_factory=scripted.scripted_factory, progress=lambda s: None,
+                     report=False)
+    assert len(done["ran"]) == 3
+    runs = {m: json.loads((out / "points" / "tiny" / f"{m}_k2_B2_n3.json").read_text())
+            for m in ("canopy", "random", "flat_matched")}
+    canopy = {r["id"]: r for r in runs["canopy"]["records"]}
+    for m in ("random", "flat_matched"):
+        assert runs[m]["errors"] == 0
+        for r in runs[m]["records"]:
+            c = canopy[r["id"]]
+            assert r["retrieved"] == c["retrieved"] and set(r["kept_tokens"]) == set(c["kept_tokens"])
+        # matched: within one leaf per item, so within a few percent over the run
+        got = sum(sum(r["kept_tokens"].values()) for r in runs[m]["records"])
+        budget = sum(sum(r["kept_tokens"].values()) for r in runs["canopy"]["records"])
+        assert abs(got - budget) <= 0.15 * budget, (m, got, budget)
+
+
 def test_committed_sweep_config_expands_to_the_ablation_and_the_grid():
     spec = load_spec(ROOT / "configs" / "sweep.yaml")
     points = expand(spec)
