@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
 from canopy_ray.config import load_config  # noqa: E402
-from encode_speed import PlainLoop, _pieces, _timed, measure, node_texts  # noqa: E402
+from encode_speed import (PlainLoop, _pieces, _timed, chunked, max_diff_alone, measure, node_texts,  # noqa: E402
+                          spread_sample)
 from floor import SHARED  # noqa: E402
 
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -48,7 +49,7 @@ def encoders(models_cfg, cache: str | None) -> dict:
 
 
 def speed(encs: dict, m, per_item: list[list[str]], chunk_items: int, repeats: int, check: int) -> dict:
-    chunks = [[t for item in per_item[i:i + chunk_items] for t in item] for i in range(0, len(per_item), chunk_items)]
+    chunks = chunked(per_item, chunk_items)
     texts = [t for c in chunks for t in c]
     tokens = sum(encs["torch"].token_counts(_pieces(texts)))
     plain = f"(a) plain loop: transformers, sorted, batch {m.batch_size}"
@@ -59,15 +60,12 @@ def speed(encs: dict, m, per_item: list[list[str]], chunk_items: int, repeats: i
         fn(texts[:64])
     seconds = measure(paths, chunks, repeats)
     ref = encs["torch"].encode_nodes(_pieces(texts))
-    step = max(1, len(texts) // max(1, check))
-    sample = texts[::step][:check]
+    sample = spread_sample(texts, check)
     vec = {}
     for b, enc in encs.items():
         out = enc.encode_nodes(_pieces(texts))
-        together = enc.encode_nodes(_pieces(sample))
-        alone = np.concatenate([enc.encode_nodes(_pieces([t])) for t in sample])
         vec[b] = {"max_abs_diff": float(np.abs(out - ref).max()), "min_cos": float((out * ref).sum(1).min()),
-                  "batch_vs_alone": float(np.abs(together - alone).max())}
+                  "batch_vs_alone": max_diff_alone(enc.encode_nodes, sample, _pieces)}
     return {"texts": len(texts), "items": len(per_item), "tokens": tokens, "seconds": seconds,
             "tokens_per_s": {k: tokens / v for k, v in seconds.items()}, "vectors": vec, "plain": plain,
             "sample": len(sample)}

@@ -134,6 +134,16 @@ def _with_budget(enc, budget: int):
     return run
 
 
+def chunked(per_item: list[list[str]], chunk_items: int) -> list[list[str]]:
+    """The node texts of every ``chunk_items`` items: what one encode call gets."""
+    return [[t for item in per_item[i:i + chunk_items] for t in item] for i in range(0, len(per_item), chunk_items)]
+
+
+def spread_sample(texts: list[str], n: int) -> list[str]:
+    """At most ``n`` texts spread evenly over ``texts``."""
+    return texts[::max(1, len(texts) // max(1, n))][:n]
+
+
 def max_diff_alone(encode, texts: list[str], wrap) -> float:
     """Largest difference between encoding ``texts`` together and each text alone."""
     together = encode(wrap(texts))
@@ -165,8 +175,7 @@ def main(argv=None) -> int:
         p.error("this benchmark compares the MiniLM TextEncoder with a plain loop over the same model")
     source, per_item = node_texts(cfg.hierarchy.branching)
     per_item = per_item[:args.max_items]
-    chunks = [[t for item in per_item[i:i + args.chunk_items] for t in item]
-              for i in range(0, len(per_item), args.chunk_items)]
+    chunks = chunked(per_item, args.chunk_items)
     texts = [t for c in chunks for t in c]
 
     enc = build_encoder(m)
@@ -198,8 +207,7 @@ def main(argv=None) -> int:
         fn(texts[:64])
     seconds = measure(paths, chunks, args.repeats)
 
-    step = max(1, len(texts) // max(1, args.check))
-    sample = sorted(texts[::step][:args.check], key=len)
+    sample = sorted(spread_sample(texts, args.check), key=len)
     names = list(paths)
     diffs: dict[str, float | None] = dict.fromkeys(names)
     diffs[nodes] = max_diff_alone(enc.encode_nodes, sample, _pieces)
