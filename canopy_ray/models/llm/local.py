@@ -332,12 +332,16 @@ def handle_chat_completion(request: Any, backend: SmolLM2Backend) -> dict:
     to reject; :func:`canopy_ray.models.llm.protocol.error_body` gives its JSON body.
     """
     req = _validated(request, backend)
-    gen = backend.generate(req.messages, **_decoding(req))
+    return completion_body(backend.model_name, backend.generate(req.messages, **_decoding(req)))
+
+
+def completion_body(model: str, gen: Generation) -> dict:
+    """The OpenAI ``chat.completion`` of one whole generation."""
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": backend.model_name,
+        "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
                      "finish_reason": gen.finish_reason, "logprobs": None}],
         "usage": _usage(gen),
@@ -374,13 +378,13 @@ def _chunks(pieces: Iterator[str | Generation], model: str, include_usage: bool)
 
 
 class LocalChatClient:
-    """A :class:`ChatClient` calling :func:`handle_chat_completion` in this process.
+    """A :class:`ChatClient` calling its backend's ``handle_chat_completion`` in this process.
 
     Request errors surface as :class:`LLMRequestError`, as an HTTP client would see a 4xx.
     ``achat`` runs generation in a worker thread so an event loop is not blocked.
     """
 
-    def __init__(self, backend: SmolLM2Backend):
+    def __init__(self, backend):  # SmolLM2Backend, or vl_local.QwenVLBackend
         self.backend = backend
         self.model = backend.model_name
 
@@ -388,7 +392,7 @@ class LocalChatClient:
              max_tokens: int | None = None) -> ChatResult:
         t0 = time.perf_counter()
         body = build_request(self.model, messages, response_format=response_format, max_tokens=max_tokens)
-        result = parse_response(handle_chat_completion(body, self.backend))
+        result = parse_response(self.backend.handle_chat_completion(body))
         return ChatResult(result.content, result.finish_reason, result.prompt_tokens, result.completion_tokens,
                           result.model, time.perf_counter() - t0)
 

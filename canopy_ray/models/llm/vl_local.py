@@ -21,20 +21,16 @@ arrive as images.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import io
 import json
 import threading
-import time
-import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
-from canopy_ray.models.llm.local import Generation
-from canopy_ray.models.llm.protocol import (ChatResult, LLMRequestError, Message, build_request, parse_response,
-                                            validate_request)
+from canopy_ray.models.llm.local import Generation, LocalChatClient, _decoding, _validated, completion_body
+from canopy_ray.models.llm.protocol import LLMRequestError, validate_request
 
 IMAGE_PART = {"type": "image"}  # what the Qwen3-VL chat template turns into vision tokens
 
@@ -233,37 +229,10 @@ def handle_chat_completion(request: Any, backend: QwenVLBackend) -> dict:
     if not isinstance(request, dict):
         validate_request(request)  # raises the protocol's error for a body that is not an object
     text_only, templated, images = split_images(request.get("messages"))
-    req = validate_request({**request, "messages": text_only})
-    if req.model and req.model != backend.model_name:
-        raise LLMRequestError(f"model {req.model!r} is not served here (this server has {backend.model_name!r})",
-                              status=404, param="model", code="model_not_found")
-    gen = backend.generate(_template_messages(templated, req.messages), images, fmt=req.format,
-                           schema=req.schema, max_new_tokens=req.max_tokens, stop=req.stop)
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-        "model": backend.model_name,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
-                     "finish_reason": gen.finish_reason, "logprobs": None}],
-        "usage": {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
-                  "total_tokens": gen.prompt_tokens + gen.completion_tokens},
-    }
+    req = _validated({**request, "messages": text_only}, backend)
+    gen = backend.generate(_template_messages(templated, req.messages), images, **_decoding(req))
+    return completion_body(backend.model_name, gen)
 
 
-class VLChatClient:
-    """A :class:`~canopy_ray.models.llm.protocol.ChatClient` calling the handler in-process."""
-
-    def __init__(self, backend: QwenVLBackend):
-        self.backend = backend
-        self.model = backend.model_name
-
-    def chat(self, messages: Sequence[Message], *, response_format: dict | None = None,
-             max_tokens: int | None = None) -> ChatResult:
-        t0 = time.perf_counter()
-        body = build_request(self.model, messages, response_format=response_format, max_tokens=max_tokens)
-        r = parse_response(handle_chat_completion(body, self.backend))
-        return ChatResult(r.content, r.finish_reason, r.prompt_tokens, r.completion_tokens, r.model,
-                          time.perf_counter() - t0)
-
-    async def achat(self, messages: Sequence[Message], *, response_format: dict | None = None,
-                    max_tokens: int | None = None) -> ChatResult:
-        return await asyncio.to_thread(self.chat, messages, response_format=response_format, max_tokens=max_tokens)
+class VLChatClient(LocalChatClient):
+    """The in-process :class:`~canopy_ray.models.llm.protocol.ChatClient` of a :class:`QwenVLBackend`."""
