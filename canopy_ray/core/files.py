@@ -52,6 +52,14 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[Any]) -> Path:
     return Path(path)
 
 
+def under_root(root: str | os.PathLike, path: str | os.PathLike) -> Path | None:
+    """``path`` (relative to ``root``, or absolute) resolved, or None when it resolves outside
+    ``root``: a user-supplied path never escapes its configured root (symlinks included)."""
+    base = Path(root).resolve()
+    full = (base / path).resolve()
+    return full if full.is_relative_to(base) else None
+
+
 def sha256_files(paths: Iterable[str | os.PathLike], with_names: bool = False) -> str:
     """One SHA-256 over the bytes of the files in order (and their names, if asked)."""
     h = hashlib.sha256()

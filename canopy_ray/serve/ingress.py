@@ -43,6 +43,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 from canopy_ray.compressor import CompressOptions
 from canopy_ray.config import CanopyConfig
 from canopy_ray.core.errors import ItemError
+from canopy_ray.core.files import under_root
 from canopy_ray.core.items import ImageItem, Item, VideoItem, parse_item
 from canopy_ray.models.llm.protocol import (ChatResult, LLMConnectionError, LLMHTTPError, LLMRequestError,
                                             LLMTimeoutError, build_request, error_body, parse_response)
@@ -225,8 +226,7 @@ def _check_media(item: Item, root: Path | None, index: int) -> None:
     if root is None:
         raise ApiError(422, "media_not_allowed", "image and video items need a configured serve.media_root",
                        item=index)
-    path = (root / item.path).resolve()
-    if not path.is_relative_to(root):
+    if under_root(root, item.path) is None:
         raise ApiError(403, "path_outside_media_root", f"item {index}: media path escapes the media root",
                        item=index)
 

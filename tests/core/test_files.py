@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from canopy_ray.core.files import atomic_path, cached_array, digest, sha256_files, write_json, write_jsonl
+from canopy_ray.core.files import (atomic_path, cached_array, digest, sha256_files, under_root, write_json,
+                                   write_jsonl)
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -48,3 +49,16 @@ def test_hashes_are_stable_and_name_sensitive(tmp_path):
     assert sha256_files([tmp_path / "a"]) == sha256_files([tmp_path / "b"])
     assert sha256_files([tmp_path / "a"], with_names=True) != sha256_files([tmp_path / "b"], with_names=True)
     assert digest({"b": 1, "a": 2}) == digest({"a": 2, "b": 1}) and len(digest("x", 12)) == 12
+
+
+def test_under_root_refuses_every_way_out(tmp_path):
+    root = tmp_path / "media"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "x.png").write_bytes(b"x")
+    (tmp_path / "secret.txt").write_text("s")
+    (root / "link").symlink_to(tmp_path / "secret.txt")
+    assert under_root(root, "a/x.png") == (root / "a" / "x.png").resolve()
+    assert under_root(root, "a/../a/x.png") == (root / "a" / "x.png").resolve()
+    assert under_root(root, root / "a" / "x.png") == (root / "a" / "x.png").resolve()  # absolute, inside
+    for out in ("../secret.txt", "a/../../secret.txt", tmp_path / "secret.txt", "/etc/passwd", "link"):
+        assert under_root(root, out) is None, out

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from canopy_ray.core.evidence import Piece
+from canopy_ray.core.files import under_root
 
 IMAGE_MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
 
@@ -48,9 +49,8 @@ def media_path(path: str, root: str | Path | None) -> Path:
     """``path`` (relative to ``root``, or absolute) resolved, refused unless it lies under ``root``."""
     if not root:
         raise MediaError("no_media_root", "serve.media_root is not set: no media file may be read")
-    base = Path(root).resolve()
-    full = (base / path).resolve()
-    if full != base and base not in full.parents:
+    full = under_root(root, path)
+    if full is None:
         raise MediaError("path_outside_media_root", f"{path!r} resolves outside the media root")
     if not full.is_file():
         raise MediaError("missing_file", f"{path!r} is not a file under the media root")
