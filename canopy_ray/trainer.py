@@ -105,10 +105,7 @@ def _resume_fallback(run_dir: Path) -> str | None:
     leaves it torn, and Ray then refuses the run on every restart: a torn record is set aside
     (``.torn``). A kill between a checkpoint's copy and its record leaves a checkpoint with no
     record. The workers take this one only when Ray Train gives them none."""
-    import torch
-    from safetensors import safe_open
-
-    from canopy_ray.train.lora import ADAPTER_FILES
+    from canopy_ray.train.lora import checkpoint_loads
 
     record = run_dir / RAY_RECORD
     try:
@@ -120,16 +117,9 @@ def _resume_fallback(run_dir: Path) -> str | None:
         record.replace(record.with_name(RAY_RECORD + ".torn"))
         print(f"{record} was torn; kept as {RAY_RECORD}.torn", file=sys.stderr)
     for d in sorted(run_dir.glob("checkpoint_[0-9]*"), reverse=True):  # Ray names them by time
-        try:  # a kill can also leave the newest half copied
-            json.loads((d / "state.json").read_text())["step"]
-            json.loads((d / ADAPTER_FILES[0]).read_text())
-            with safe_open(str(d / ADAPTER_FILES[1]), "pt") as f:
-                [f.get_tensor(k) for k in f.keys()]
-            torch.load(d / "optimizer.pt", weights_only=True)
-        except Exception:  # noqa: BLE001 - any unreadable file disqualifies the checkpoint
-            continue
-        print(f"resuming from {d}", file=sys.stderr)
-        return str(d)
+        if checkpoint_loads(d):  # a kill can also leave the newest half copied
+            print(f"resuming from {d}", file=sys.stderr)
+            return str(d)
     return None
 
 

@@ -113,6 +113,23 @@ def save_checkpoint(peft_model, optimizer, state: TrainState, out_dir: str | Pat
     return out
 
 
+def checkpoint_loads(ckpt_dir: str | Path) -> bool:
+    """Whether every file :func:`save_checkpoint` writes is there and reads whole (a kill can
+    leave a checkpoint half copied)."""
+    from safetensors import safe_open
+
+    d = Path(ckpt_dir)
+    try:
+        json.loads((d / "state.json").read_text())["step"]
+        json.loads((d / ADAPTER_FILES[0]).read_text())
+        with safe_open(str(d / ADAPTER_FILES[1]), "pt") as f:
+            [f.get_tensor(k) for k in f.keys()]
+        torch.load(d / "optimizer.pt", weights_only=True)
+    except Exception:  # noqa: BLE001 - any unreadable file disqualifies the checkpoint
+        return False
+    return True
+
+
 def load_checkpoint(peft_model, optimizer, ckpt_dir: str | Path) -> TrainState:
     d = Path(ckpt_dir)
     load_adapter_weights(peft_model, d)
