@@ -24,3 +24,12 @@ def import_decord():
             "(decord publishes wheels for x86-64 only: on Apple Silicon or Linux aarch64, build it from "
             "source or leave video items out of the corpus)") from None
     return decord
+
+
+def decord_frames(path, times):
+    """RGB frames (T, H, W, 3) uint8 at ``times`` seconds (the nearest frame at the video's
+    average rate), decoded with decord (:class:`MissingExtraError` without it)."""
+    decord = import_decord()
+    vr = decord.VideoReader(str(path), ctx=decord.cpu(0))
+    fps, last = float(vr.get_avg_fps()) or 25.0, len(vr) - 1
+    return vr.get_batch([min(last, max(0, int(round(t * fps)))) for t in times]).asnumpy()

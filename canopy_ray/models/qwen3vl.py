@@ -93,15 +93,9 @@ def truncate_keep_special(ids: Sequence[int], max_length: int, special: set[int]
 
 def read_frames(path: str, times: Sequence[float]) -> np.ndarray:
     """RGB frames (T, H, W, 3) uint8 at the given times (seconds), decoded with decord."""
-    from canopy_ray.models.media import import_decord
+    from canopy_ray.models.media import decord_frames
 
-    decord = import_decord()
-
-    vr = decord.VideoReader(str(path), ctx=decord.cpu(0))
-    fps = float(vr.get_avg_fps()) or 25.0
-    last = len(vr) - 1
-    idx = [min(last, max(0, int(round(t * fps)))) for t in times]
-    return vr.get_batch(idx).asnumpy()
+    return decord_frames(path, times)
 
 
 def load_image(path: str) -> np.ndarray:

@@ -92,13 +92,12 @@ def _jpeg_uri(rgb: np.ndarray) -> str:
 
 def read_frames(path: Path, times: Sequence[float]) -> list[np.ndarray]:
     """RGB frames (H, W, 3) uint8 at ``times`` seconds: decord if installed, else ``ffmpeg``."""
+    from canopy_ray.models.media import MissingExtraError, decord_frames
+
     try:
-        import decord
-    except ImportError:
+        return list(decord_frames(path, times))
+    except MissingExtraError:
         return [_ffmpeg_frame(path, t) for t in times]
-    vr = decord.VideoReader(str(path), ctx=decord.cpu(0))
-    fps, last = float(vr.get_avg_fps()) or 25.0, len(vr) - 1
-    return list(vr.get_batch([min(last, max(0, int(round(t * fps)))) for t in times]).asnumpy())
 
 
 def _ffmpeg_frame(path: Path, t: float) -> np.ndarray:
