@@ -104,8 +104,8 @@ class TrainingConfig(Section):
                                     "family's validation gold recall >= f0's minus this")
     patience: int | None = Field(None, ge=1, description="stop after this many validations "
                                  "without a better checkpoint; None = never")
-    recall_weight: float = Field(1.0, gt=0, description="weight of the pairs whose violation "
-                                 "drops gold (train/loss.recall_pairs); 1 = CANOPY's loss")
+    stop_repeat: int = Field(1, ge=1, description="each fully-gold ('stop here') train instance "
+                             "appears this many times per epoch; 1 = CANOPY's data")
 
 
 class LLMSection(Section):

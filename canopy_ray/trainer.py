@@ -147,7 +147,7 @@ def _copy_adapter_files(src: str | Path, out_dir: str | Path | None) -> Path | N
 
 # options that override the training field of the same name
 TRAINING_OVERRIDES = ("lr", "epochs", "workers", "lora_layers", "subsample", "schedule", "warmup",
-                      "val_items", "patience", "max_length", "recall_weight")
+                      "val_items", "patience", "max_length", "stop_repeat")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,8 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-items", type=int, default=None, help="override training.val_items")
     p.add_argument("--patience", type=int, default=None, help="override training.patience")
     p.add_argument("--max-length", type=int, default=None, help="override training.max_length")
-    p.add_argument("--recall-weight", type=float, default=None,
-                   help="override training.recall_weight")
+    p.add_argument("--stop-repeat", type=int, default=None, help="override training.stop_repeat")
     p.add_argument("--cache-dir", default=None,
                    help="keep the f0 query and bottom-state caches here (shared between runs; "
                         "default: the run directory)")

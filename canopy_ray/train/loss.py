@@ -16,25 +16,12 @@ import torch
 def instance_loss(query: torch.Tensor, nodes: torch.Tensor, pairs: Sequence[tuple[int, int]],
                   lam: float) -> torch.Tensor:
     """Loss of one instance. ``query`` (d,) and ``nodes`` (k, d) are unit vectors;
-    ``pairs`` index ``nodes`` as (winner, loser) or (winner, loser, weight): a weight w
-    multiplies that pair's term, ``log(1 + sum w * exp(...))`` (w = 1 is CANOPY's loss)."""
+    ``pairs`` index ``nodes`` as (winner, loser)."""
     s = nodes @ query
     a = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=s.device)
     b = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=s.device)
     z = lam * (s[b] - s[a])
-    if any(len(p) > 2 for p in pairs):
-        z = z + torch.log(torch.tensor([p[2] if len(p) > 2 else 1.0 for p in pairs],
-                                       dtype=s.dtype, device=s.device))
     return torch.logsumexp(torch.cat([s.new_zeros(1), z]), dim=0)
-
-
-def recall_pairs(pairs: Sequence[tuple[int, int]], fully_gold: bool) -> list[bool]:
-    """Which pairs of an instance (v at index 0, its children after) guard gold recall: a
-    violated one makes refinement drop gold. At a fully-gold v every pair does (a child
-    above v sends refinement into the children and the lower ones are dropped); at a
-    partly-gold v the pairs "gold child over v" do. The others (v over a non-gold child,
-    gold child over non-gold child) make it prune."""
-    return [fully_gold or b == 0 for _, b in pairs]
 
 
 def batch_loss(queries: torch.Tensor, node_vecs: torch.Tensor,

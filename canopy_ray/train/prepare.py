@@ -68,12 +68,15 @@ def node_part(cfg: CanopyConfig, texts: list[str], run_dir: Path, tok, base) -> 
 
 def train_instances(cfg: CanopyConfig, data_dirs: dict[str, str | Path],
                     limit: int | None = None) -> list[Instance]:
-    """The ``train`` instances: the first ``limit``, then a seeded ``training.subsample``."""
+    """The ``train`` instances: the first ``limit``, then a seeded ``training.subsample``,
+    then each fully-gold one ``training.stop_repeat`` times (only ~6% of the shared sets'
+    instances say "stop here"; the rest teach descending)."""
     tc = cfg.training
     instances = build_instances(data_dirs, "train", cfg.hierarchy.branching)
     if limit:
         instances = instances[:limit]
     instances = _sample(instances, tc.subsample, tc.seed)
+    instances = [i for i in instances for _ in range(tc.stop_repeat if i.fully_gold else 1)]
     if not instances:
         raise CanopyError("no training instances in the given data")
     return instances
@@ -105,19 +108,8 @@ def loop_part(cfg: CanopyConfig, instances: Sequence[Instance], run_dir: Path, t
     t_row = {x: k for k, x in enumerate(texts)}
     q_vecs = f0_queries(cfg, queries, run_dir)
     return {"queries": q_vecs, **node_part(cfg, texts, run_dir, tok, base),
-            "instances": [(q_row[i.query], tuple(t_row[x] for x in i.texts),
-                           weighted_pairs(i, cfg.training.recall_weight)) for i in instances]}
-
-
-def weighted_pairs(instance: Instance, weight: float) -> tuple:
-    """The instance's pairs, as ``(a, b, weight)`` on the recall-guarding ones when
-    ``training.recall_weight`` != 1 (:func:`canopy_ray.train.loss.recall_pairs`)."""
-    from canopy_ray.train.loss import recall_pairs
-
-    if weight == 1:
-        return instance.pairs
-    guard = recall_pairs(instance.pairs, instance.fully_gold)
-    return tuple((a, b, weight) if g else (a, b) for (a, b), g in zip(instance.pairs, guard))
+            "instances": [(q_row[i.query], tuple(t_row[x] for x in i.texts), i.pairs)
+                          for i in instances]}
 
 
 def f0_queries(cfg: CanopyConfig, queries: list[str], run_dir: Path) -> np.ndarray:

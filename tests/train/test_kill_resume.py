@@ -39,8 +39,10 @@ def setup(tmp_path):
     (data / "corpus.jsonl").write_text("".join(json.dumps(i) + "\n" for i in TINY_ITEMS))
     (data / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in tiny_questions(40)))
     cfg = yaml.safe_load((ROOT / "configs" / "cpu.yaml").read_text())
-    # no dropout: the resumed steps are then a function of the restored state alone
-    cfg["training"].update(batch_size=4, epochs=4, val_instances=0, lora_dropout=0.0)
+    # no dropout: the resumed steps are then a function of the restored state alone; no choice
+    # on validation: the written adapter is the last checkpoint's
+    cfg["training"].update(batch_size=4, epochs=4, val_instances=0, val_items=0, patience=None,
+                           lora_dropout=0.0)
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     argv = [sys.executable, str(ROOT / "jobs" / "train.py"), "--config", str(tmp_path / "cfg.yaml"),
             "--name", "kill", "--storage", str(tmp_path / "runs"), "--work-dir", str(tmp_path / "data"),

@@ -22,6 +22,16 @@ def test_subsample_is_a_seeded_subset_in_the_original_order(tiny_bert_dir, tiny_
     assert train_instances(tiny_cfg(tiny_bert_dir), data, limit=3) == every[:3]
 
 
+def test_stop_repeat_repeats_only_the_fully_gold_instances(tiny_bert_dir, tiny_data_dir):
+    data = {"tiny": tiny_data_dir}
+    every = build_instances(data, "train")
+    stops = [i for i in every if i.fully_gold]
+    assert stops and len(stops) < len(every)
+    tripled = train_instances(tiny_cfg(tiny_bert_dir, stop_repeat=3), data)
+    assert len(tripled) == len(every) + 2 * len(stops)
+    assert all(tripled.count(i) == (3 if i.fully_gold else 1) for i in every)
+
+
 def test_rows_point_into_the_cached_queries_and_states(tiny_bert_dir, tiny_data_dir, tmp_path):
     cfg = tiny_cfg(tiny_bert_dir, val_instances=2)
     part = prepare(cfg, {"tiny": tiny_data_dir}, tmp_path / "run")
