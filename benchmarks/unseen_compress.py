@@ -39,7 +39,7 @@ def start(cfg) -> str:
     return f"http://127.0.0.1:{cfg.serve.port}"
 
 
-def test_questions(n: int | None) -> list[tuple[object, list[dict]]]:
+def held_out_questions(n: int | None) -> list[tuple[object, list[dict]]]:
     """``(question, its candidate items)`` for the test split of the shared HotpotQA dev set."""
     from canopy_ray.core.items import parse_question
     from canopy_ray.core.splits import sample_questions, split_of
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 
     from canopy_ray.config import load_config
 
-    questions = test_questions(args.n)
+    questions = held_out_questions(args.n)
     cfg = load_config("configs/cpu.yaml", serve={"port": _free_port()})
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
