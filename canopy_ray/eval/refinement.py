@@ -218,10 +218,9 @@ def to_markdown(report: Mapping) -> str:
 def plot_by_depth(report: Mapping, path: str | Path) -> Path:
     """A grid: one row per data set, one column per metric (plus root-relative score),
     f0 and f_theta as lines over tree depth."""
-    import matplotlib
+    from canopy_ray.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fams = sorted(report, key=lambda k: (k == "all", k))
     cols = list(METRICS) + ["root_relative"]
@@ -250,12 +249,7 @@ def plot_by_depth(report: Mapping, path: str | Path) -> Path:
             ax.tick_params(labelsize=7)
             if i == 0 and j in (0, len(cols) - 1):
                 ax.legend(fontsize=6)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, 110)
 
 
 def collect(data_dirs: Mapping[str, str | Path], split: str | None, branching: int = 2) -> list[GoldItem]:

@@ -181,10 +181,9 @@ def _mean(r: dict, m: str) -> float:
 
 
 def plot_quality_vs_tokens(runs: list[dict], path: Path) -> Path | None:
-    import matplotlib
+    from canopy_ray.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     groups = _groups(runs, "grid")
     if not groups:
@@ -216,17 +215,13 @@ def plot_quality_vs_tokens(runs: list[dict], path: Path) -> Path | None:
             ax.grid(alpha=0.3)
             if row == 1:
                 ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=72)
-    plt.close(fig)
-    return path
+    return save(fig, path, 72)
 
 
 def plot_tokens_by_b(runs: list[dict], path: Path) -> Path | None:
-    import matplotlib
+    from canopy_ray.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     groups = {key: [r for r in g if METHODS.get(r["spec"]["method"]) is None
                     or METHODS[r["spec"]["method"]].uses_branching]
@@ -254,10 +249,7 @@ def plot_tokens_by_b(runs: list[dict], path: Path) -> Path | None:
         ax.set_title(f"{dataset} (n={n}{'' if reader else ', no reader'})", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=72)
-    plt.close(fig)
-    return path
+    return save(fig, path, 72)
 
 
 def _pareto_sets(runs: list[dict]) -> dict[tuple, dict]:
@@ -329,10 +321,9 @@ def pareto_markdown(runs: list[dict]) -> list[str]:
 def plot_pareto(runs: list[dict], out: Path) -> list[Path]:
     """``pareto_<dataset>_<setting>.png``: each method a point with its intervals on both axes,
     CANOPY's k x B sweep as one line per B through k."""
-    import matplotlib
+    from canopy_ray.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     paths = []
     for (dataset, setting), sets in _pareto_sets(runs).items():
@@ -363,10 +354,7 @@ def plot_pareto(runs: list[dict], out: Path) -> list[Path]:
         ax.set_title(f"{dataset}, {setting} setting (methods at k={k}, B={b})", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        paths.append(out / f"pareto_{dataset}_{setting}.png")
-        fig.savefig(paths[-1], dpi=80)
-        plt.close(fig)
+        paths.append(save(fig, out / f"pareto_{dataset}_{setting}.png", 80))
     return paths
 
 

@@ -129,10 +129,9 @@ def since_best(curve: Sequence[Mapping], tolerance: float = 0.0) -> int:
 def plot_curve(curve: Sequence[Mapping], path: str | Path, title: str = "") -> Path:
     """Decision accuracy (solid) and gold recall (dashed) per family over steps; f0's recall
     as a dotted line per family: the recall floor a checkpoint must stay above."""
-    import matplotlib
+    from canopy_ray.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fams = sorted({f for e in curve for f in e["report"]}, key=lambda f: (f == ALL, f))
     steps = [e["step"] for e in curve]
@@ -153,9 +152,4 @@ def plot_curve(curve: Sequence[Mapping], path: str | Path, title: str = "") -> P
     ax.set_ylabel("% (validation)")
     ax.set_title(title or "validation: decision accuracy and gold recall", fontsize=9)
     ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, 110)
