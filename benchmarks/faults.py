@@ -37,7 +37,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -51,17 +50,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from floor import question_items  # noqa: E402
+from floor import free_port, question_items, start  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CLOSED = "closed"  # the LLM stand-in's modes: closed port, "hang", "garbage", "ok"
 TRANSPORT = ("connection", "timeout", "http", "bad_response", "error")  # answer_error kinds: no reply at all
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def replica_pids(deployment: str, app: str = "canopy") -> list[int]:
@@ -84,17 +77,6 @@ def kill_replica(deployment: str, app: str = "canopy") -> int:
     pid = replica_pids(deployment, app)[0]
     os.kill(pid, signal.SIGKILL)
     return pid
-
-
-def start(cfg) -> str:
-    """``cfg``'s application on its port; the server's root URL."""
-    from ray import serve
-
-    from canopy_ray.serve import build_app
-
-    serve.start(http_options={"host": "127.0.0.1", "port": cfg.serve.port})
-    serve.run(build_app({"cfg": cfg}), name="canopy", route_prefix="/")
-    return f"http://127.0.0.1:{cfg.serve.port}"
 
 
 def config(**sections):

@@ -1,4 +1,5 @@
-"""Floors and inputs the benchmarks share: the plain encoder loop, and real questions with items.
+"""Floors and inputs the benchmarks share: the plain encoder loop, real questions with items, and
+the Serve application under test on a free port of 127.0.0.1.
 
 ``plain_sorted_loop`` is the encoder's own speed on this machine: a plain transformers loop
 over the packaged MiniLM (base weights: a merged LoRA costs the same), texts sorted by length,
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from importlib import resources
 from pathlib import Path
@@ -57,3 +59,20 @@ def question_items(n: int) -> list[tuple[str, list[dict]]]:
     qs = [q for q in qs if q.id and split_of(name, q.id) == "test" and q.gold
           and all(g.item_id in items for g in q.gold) and q.gold[0].item_id.startswith("hotpotqa")]
     return [(q.question, [items[g.item_id] for g in q.gold]) for q in sample_questions(qs, n)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cfg) -> str:
+    """``cfg``'s application on its port; the server's root URL."""
+    from ray import serve
+
+    from canopy_ray.serve import build_app
+
+    serve.start(http_options={"host": "127.0.0.1", "port": cfg.serve.port})
+    serve.run(build_app({"cfg": cfg}), name="canopy", route_prefix="/")
+    return f"http://127.0.0.1:{cfg.serve.port}"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,13 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from floor import plain_sorted_loop, question_items  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from floor import free_port, plain_sorted_loop, question_items, start  # noqa: E402
 
 
 async def _load(url: str, bodies: list[str], concurrency: int) -> dict:
@@ -65,17 +58,10 @@ async def _load(url: str, bodies: list[str], concurrency: int) -> dict:
 
 
 def _start(cfg_over: dict):
-    from ray import serve
-
     from canopy_ray.config import load_config
-    from canopy_ray.serve import build_app
 
-    port = _free_port()
-    cfg = load_config("configs/cpu.yaml", serve={"port": port, **cfg_over},
-                      llm={"backend": "openai", "url": "http://127.0.0.1:9/v1", "model": "unused"})
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app({"cfg": cfg}), name="canopy", route_prefix="/")
-    return f"http://127.0.0.1:{port}"
+    return start(load_config("configs/cpu.yaml", serve={"port": free_port(), **cfg_over},
+                             llm={"backend": "openai", "url": "http://127.0.0.1:9/v1", "model": "unused"}))
 
 
 def novel(questions: list[tuple[str, list[dict]]]) -> dict:
@@ -138,7 +124,7 @@ def _start_trivial() -> str:
         async def __call__(self, request: Request) -> dict:
             return {"n": await self.echo.echo.remote(await request.body())}
 
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(Front.bind(Echo.bind()), name="trivial", route_prefix="/")
     return f"http://127.0.0.1:{port}"

@@ -22,21 +22,9 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from floor import SHARED  # noqa: E402
-from serve_load import _free_port  # noqa: E402
+from floor import SHARED, free_port, start  # noqa: E402
 
 ENCODERS = ("frozen", "tuned")
-
-
-def start(cfg) -> str:
-    """The CPU default app (configs/cpu.yaml) on a free port of 127.0.0.1."""
-    from ray import serve
-
-    from canopy_ray.serve import build_app
-
-    serve.start(http_options={"host": "127.0.0.1", "port": cfg.serve.port})
-    serve.run(build_app({"cfg": cfg}), name="canopy", route_prefix="/")
-    return f"http://127.0.0.1:{cfg.serve.port}"
 
 
 def held_out_questions(n: int | None) -> list[tuple[object, list[dict]]]:
@@ -115,7 +103,7 @@ def main(argv=None) -> int:
     from canopy_ray.config import load_config
 
     questions = held_out_questions(args.n)
-    cfg = load_config("configs/cpu.yaml", serve={"port": _free_port()})
+    cfg = load_config("configs/cpu.yaml", serve={"port": free_port()})
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         rows = run(start(cfg), questions, cfg.hierarchy.branching)
