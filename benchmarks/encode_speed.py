@@ -51,10 +51,10 @@ def node_texts(branching: int = 2) -> tuple[str, list[list[str]]]:
         from canopy_ray.core.splits import gold_items
         from canopy_ray.data.sets import load_dataset, prepare_shared
 
-        d = prepare_shared(SHARED, Path("runs/bench-data"), ["hotpotqa_dev700"])["hotpotqa_dev700"]
+        d = prepare_shared(SHARED, Path("runs/bench-data"), ["hotpotqa"])["hotpotqa"]
         items, questions = load_dataset(d)
         trees, seen = [], set()
-        for g in gold_items("hotpotqa_dev700", items, questions, split="test", branching=branching):
+        for g in gold_items("hotpotqa", items, questions, split="test", branching=branching):
             if g.tree.item.id not in seen:
                 seen.add(g.tree.item.id)
                 trees.append(g.tree)

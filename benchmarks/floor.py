@@ -42,13 +42,13 @@ def plain_sorted_loop(texts: list[str], max_length: int = 256, batch_size: int =
 def question_items(n: int) -> list[tuple[str, list[dict]]]:
     """``(question, its gold items as canonical dicts)`` for ``n`` held-out HotpotQA questions:
     the test split of the shared dev set when ``../shared/data`` is there, else the bundled sample."""
-    from canopy_ray.core.splits import sample_questions, split_of
+    from canopy_ray.core.splits import in_split, sample_questions
 
     if (SHARED / "hotpotqa").is_dir():
         from canopy_ray.data.sets import prepare_shared
 
-        d = prepare_shared(SHARED, Path("runs/bench-data"), ["hotpotqa_dev700"])["hotpotqa_dev700"]
-        corpus, qfile, name = d / "corpus.jsonl", d / "questions.jsonl", "hotpotqa_dev700"
+        d = prepare_shared(SHARED, Path("runs/bench-data"), ["hotpotqa"])["hotpotqa"]
+        corpus, qfile, name = d / "corpus.jsonl", d / "questions.jsonl", "hotpotqa"
     else:
         sample = resources.files("canopy_ray") / "assets" / "sample"
         corpus, qfile, name = Path(str(sample / "corpus.jsonl")), Path(str(sample / "questions.jsonl")), "hotpotqa"
@@ -56,7 +56,7 @@ def question_items(n: int) -> list[tuple[str, list[dict]]]:
     from canopy_ray.core.items import parse_question
 
     qs = [parse_question(json.loads(line)) for line in qfile.read_text().splitlines() if line.strip()]
-    qs = [q for q in qs if q.id and split_of(name, q.id) == "test" and q.gold
+    qs = [q for q in in_split(qs, "test") if q.id and q.gold
           and all(g.item_id in items for g in q.gold) and q.gold[0].item_id.startswith("hotpotqa")]
     return [(q.question, [items[g.item_id] for g in q.gold]) for q in sample_questions(qs, n)]
 

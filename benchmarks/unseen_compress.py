@@ -30,15 +30,15 @@ ENCODERS = ("frozen", "tuned")
 def held_out_questions(n: int | None) -> list[tuple[object, list[dict]]]:
     """``(question, its candidate items)`` for the test split of the shared HotpotQA dev set."""
     from canopy_ray.core.items import parse_question
-    from canopy_ray.core.splits import sample_questions, split_of
+    from canopy_ray.core.splits import in_split, sample_questions
     from canopy_ray.data.sets import prepare_shared
 
     if not (SHARED / "hotpotqa").is_dir():
         raise SystemExit(f"needs the shared HotpotQA data at {SHARED}")
-    d = prepare_shared(SHARED, Path("runs/bench-data"), ["hotpotqa_dev700"])["hotpotqa_dev700"]
+    d = prepare_shared(SHARED, Path("runs/bench-data"), ["hotpotqa"])["hotpotqa"]
     items = {o["id"]: o for o in map(json.loads, (d / "corpus.jsonl").read_text().splitlines())}
     qs = [parse_question(json.loads(line)) for line in (d / "questions.jsonl").read_text().splitlines()]
-    qs = [q for q in qs if split_of("hotpotqa_dev700", q.id) == "test" and q.candidates
+    qs = [q for q in in_split(qs, "test") if q.candidates
           and all(c in items for c in q.candidates)]
     return [(q, [items[c] for c in q.candidates]) for q in sample_questions(qs, n or len(qs))]
 

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 from canopy_ray.data.convert import convert
-from canopy_ray.core.splits import split_of
+from canopy_ray.core.items import parse_question
+from canopy_ray.core.splits import assign_splits
 
 OUT = Path(__file__).resolve().parents[1] / "canopy_ray" / "assets" / "sample"
 
@@ -28,10 +29,11 @@ def _load(d: Path):
     return items, [json.loads(line) for line in (d / "questions.jsonl").open()]
 
 
-def _take(fmt: str, raw: Path, family: str, n_questions: int, tmp: Path, whole_candidates: bool):
+def _take(fmt: str, raw: Path, n_questions: int, tmp: Path, whole_candidates: bool):
     convert(fmt, raw, tmp / fmt)
     items, questions = _load(tmp / fmt)
-    chosen = [q for q in questions if split_of(family, q["id"]) == "test"][:n_questions]
+    splits = assign_splits(parse_question(q) for q in questions)
+    chosen = [q for q in questions if splits[q["id"]] == "test"][:n_questions]
     keep = set()
     for q in chosen:
         keep.update(q["candidates"] if whole_candidates else [g["item_id"] for g in q["gold"]])
@@ -49,11 +51,11 @@ def main(argv=None) -> int:
     corpus, questions = [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        for fmt, raw, family, n, whole in (
-                ("hotpotqa", shared / "hotpotqa/hotpotqa_distractor_dev700.jsonl", "hotpotqa", 20, True),
-                ("nq", shared / "nq/nq_open_oracle_1655.jsonl.gz", "nq", 40, False),
-                ("tatqa", shared / "tatqa/tatqa_dev.json", "tatqa", 12, True)):
-            items, qs = _take(fmt, raw, family, n, tmp, whole)
+        for fmt, raw, n, whole in (
+                ("hotpotqa", shared / "hotpotqa/hotpotqa_distractor_dev700.jsonl", 20, True),
+                ("nq", shared / "nq/nq_open_oracle_1655.jsonl.gz", 40, False),
+                ("tatqa", shared / "tatqa/tatqa_dev.json", 12, True)):
+            items, qs = _take(fmt, raw, n, tmp, whole)
             corpus += items
             questions += qs
     shutil.copyfile(shared / "media" / "rocket.jpg", OUT / "media" / "rocket.jpg")

@@ -1,9 +1,13 @@
 """Which questions train, tune and test, and which gold items they refer to.
 
-:func:`split_of` assigns every question to ``train``/``validation``/``test`` by a hash of
-its data set family and id, so the split never depends on file order or on which other sets
-are loaded: training, validation and every evaluation read the same split, and no test
-question leaks into training. :func:`sample_questions` draws a fixed sample the same way.
+The split is by **document**, not by question: :func:`assign_splits` joins questions that
+share a document (a gold item, or a candidate of their own context: TAT-QA's questions of one
+report share its table and paragraphs) into groups and sends each group to ``train``/``validation``/
+``test`` by a hash of the group's smallest document key. So no test question's document is
+ever a training or validation question's document, and the split depends on the data alone:
+never on file order, file or folder names, or question ids. Item ids are the documents' keys;
+the converters derive them from content (:mod:`canopy_ray.data.records`), so one paragraph
+has one id wherever it occurs. :func:`sample_questions` draws a fixed sample by hash too.
 """
 
 from __future__ import annotations
@@ -21,17 +25,65 @@ SPLIT_SHARES = (0.70, 0.15)
 
 
 def family(dataset: str) -> str:
-    """``hotpotqa_dev700`` and ``hotpotqa_train100`` are one family, ``hotpotqa``."""
+    """The family of a set name, the part before ``_`` (``nq_open`` -> ``nq``): reports group
+    by it; the split does not use it."""
     return dataset.split("_")[0]
 
 
-def split_of(dataset: str, question_id: str, shares: Sequence[float] = SPLIT_SHARES) -> str:
-    """``train``, ``validation`` or ``test`` for a question, from a hash of ``family:id``,
-    so a question keeps its split whichever file of its family it came from."""
-    h = int(hashlib.sha1(f"{family(dataset)}:{question_id}".encode()).hexdigest()[:8], 16) / 0x100000000
+def split_of_key(key: str, shares: Sequence[float] = SPLIT_SHARES) -> str:
+    """``train``, ``validation`` or ``test`` for a document key, from its hash."""
+    h = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 0x100000000
     if h < shares[0]:
         return "train"
     return "validation" if h < shares[0] + shares[1] else "test"
+
+
+def _candidate_set(question: Question) -> frozenset[str]:
+    return frozenset(question.candidates)
+
+
+def borrowed_candidates(questions: Sequence[Question]) -> set[tuple[str, str]]:
+    """``(question id, item id)`` of candidates that are another question's gold item under
+    other candidates: distractors drawn from the rest of the set (NQ's), not the question's
+    own context (HotpotQA's paragraphs, TAT-QA's report)."""
+    gold_in: dict[str, set[frozenset[str]]] = {}
+    for q in questions:
+        for g in q.gold:
+            gold_in.setdefault(g.item_id, set()).add(_candidate_set(q))
+    return {(q.id, c) for q in questions for c in q.candidates
+            if any(cs != _candidate_set(q) for cs in gold_in.get(c, ()))}
+
+
+def documents(question: Question, borrowed: set[tuple[str, str]] = frozenset()) -> list[str]:
+    """The document keys of a question: its gold items and its own candidates (not the
+    ``borrowed`` ones, see :func:`borrowed_candidates`). A question with neither is keyed
+    by its own text."""
+    keys = [f"item:{g.item_id}" for g in question.gold]
+    keys += [f"item:{c}" for c in question.candidates if (question.id, c) not in borrowed]
+    return keys or ["question:" + question.question]
+
+
+def assign_splits(questions: Iterable[Question], shares: Sequence[float] = SPLIT_SHARES) -> dict[str, str]:
+    """``{question id: split}``: questions sharing a document key (transitively) form one
+    group, and a group's split is :func:`split_of_key` of its smallest key."""
+    questions = list(questions)
+    borrowed = borrowed_candidates(questions)
+    parent: dict[str, str] = {}
+
+    def root(k: str) -> str:
+        parent.setdefault(k, k)
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    keyed = [(q.id, documents(q, borrowed)) for q in questions]
+    for _, keys in keyed:
+        for k in keys[1:]:
+            a, b = root(keys[0]), root(k)
+            if a != b:
+                parent[max(a, b)] = min(a, b)  # the root is the group's smallest key
+    return {qid: split_of_key(root(keys[0]), shares) for qid, keys in keyed}
 
 
 def sample_questions(questions: Sequence[Question], n: int | None = None, seed: int = 0) -> list[Question]:
@@ -51,13 +103,19 @@ class GoldItem:
     gold: frozenset[int]
 
 
-def gold_items(dataset: str, items: Mapping[str, Item], questions: Iterable[Question],
+def in_split(questions: Sequence[Question], split: str | None) -> list[Question]:
+    """The questions of ``split`` (all of them when None), in their order."""
+    if split is None:
+        return list(questions)
+    splits = assign_splits(questions)
+    return [q for q in questions if splits[q.id] == split]
+
+
+def gold_items(dataset: str, items: Mapping[str, Item], questions: Sequence[Question],
                split: str | None = None, branching: int = 2, min_leaves: int = 2) -> Iterator[GoldItem]:
     """Gold items with located leaves (and at least ``min_leaves`` leaves) of the questions
     in ``split`` (all questions when None). Gold leaves out of range are dropped."""
-    for q in questions:
-        if split is not None and split_of(dataset, q.id) != split:
-            continue
+    for q in in_split(questions, split):
         for g in q.gold:
             if not g.leaves or g.item_id not in items:
                 continue

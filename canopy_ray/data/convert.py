@@ -25,7 +25,7 @@ Counting rules (the same for every format):
 
 Command line (the ``canopy data convert`` subcommand calls :func:`main`)::
 
-    python -m canopy_ray.data.convert --format hotpotqa IN OUT_DIR [--seed 0] [--n-distractors 9]
+    python -m canopy_ray.data.convert --format hotpotqa IN [IN...] OUT_DIR [--seed 0] [--n-distractors 9]
 """
 
 from __future__ import annotations
@@ -68,16 +68,18 @@ def convert_records(fmt: str, records: Iterable[Any], *, seed: int = 0,
     return sink.finish()
 
 
-def convert(fmt: str, in_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
-            n_distractors: int = DEFAULT_DISTRACTORS) -> ConvertReport:
-    """Convert ``in_path`` and write ``corpus.jsonl``, ``questions.jsonl`` and ``report.json``.
-
-    ``seed`` and ``n_distractors`` only matter for NQ (distractor passages per question).
+def convert(fmt: str, in_path: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
+            seed: int = 0, n_distractors: int = DEFAULT_DISTRACTORS) -> ConvertReport:
+    """Convert ``in_path`` (one raw file, or several of one data set: one corpus, one question
+    file, so one document-level split) and write ``corpus.jsonl``, ``questions.jsonl`` and
+    ``report.json``. ``seed`` and ``n_distractors`` only matter for NQ (distractor passages
+    per question).
     """
     if fmt not in FORMATS:
         raise ConvertError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    items, questions, report = convert_records(fmt, read_records(in_path), seed=seed,
-                                               n_distractors=n_distractors)
+    paths = [in_path] if isinstance(in_path, (str, os.PathLike)) else list(in_path)
+    records = (r for p in paths for r in read_records(p))
+    items, questions, report = convert_records(fmt, records, seed=seed, n_distractors=n_distractors)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / "corpus.jsonl", items)
@@ -91,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="canopy data convert",
         description="Convert a raw benchmark file into corpus.jsonl and questions.jsonl.")
     parser.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
-    parser.add_argument("in_path", help="raw file: HotpotQA .json/.jsonl, NQ .jsonl(.gz), TAT-QA .json")
+    parser.add_argument("in_path", nargs="+", help="raw file(s) of one data set: HotpotQA .json/.jsonl, "
+                        "NQ .jsonl(.gz), TAT-QA .json")
     parser.add_argument("out_dir", help="directory for corpus.jsonl, questions.jsonl, report.json")
     parser.add_argument("--seed", type=int, default=0, help="distractor draw seed (nq)")
     parser.add_argument("--n-distractors", type=int, default=DEFAULT_DISTRACTORS,

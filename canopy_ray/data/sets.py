@@ -17,12 +17,12 @@ from typing import Sequence
 
 from canopy_ray.core.items import Item, Question, parse_item, parse_question
 
-# The shared raw files and the converter format of each, relative to the shared data root.
+# The shared raw files of each set and their converter format, relative to the shared data root.
+# HotpotQA's two files share 23 paragraphs, so they are one set: one document-level split.
 SHARED_SETS = {
-    "hotpotqa_dev700": ("hotpotqa", "hotpotqa/hotpotqa_distractor_dev700.jsonl"),
-    "hotpotqa_train100": ("hotpotqa", "hotpotqa/hotpotqa_train100.json"),
-    "nq": ("nq", "nq/nq_open_oracle_1655.jsonl.gz"),
-    "tatqa": ("tatqa", "tatqa/tatqa_dev.json"),
+    "hotpotqa": ("hotpotqa", ("hotpotqa/hotpotqa_distractor_dev700.jsonl", "hotpotqa/hotpotqa_train100.json")),
+    "nq": ("nq", ("nq/nq_open_oracle_1655.jsonl.gz",)),
+    "tatqa": ("tatqa", ("tatqa/tatqa_dev.json",)),
 }
 
 
@@ -37,10 +37,10 @@ def prepare_shared(shared_root: str | Path, out_root: str | Path,
 
     out = {}
     for name in names or SHARED_SETS:
-        fmt, rel = SHARED_SETS[name]
+        fmt, rels = SHARED_SETS[name]
         d = Path(out_root) / name
         if not ((d / "corpus.jsonl").is_file() and (d / "questions.jsonl").is_file()):
-            convert(fmt, Path(shared_root) / rel, d)
+            convert(fmt, [Path(shared_root) / rel for rel in rels], d)
         out[name] = d
     return out
 

@@ -9,7 +9,12 @@ used when they match the node encoder).
 Per question (:func:`question_record`):
 
 - ``em``, ``f1``: the reader's answer against the gold answers (SQuAD normalisation);
-- ``answer_recall``: a gold answer occurs in the evidence the reader received (reader-free);
+- ``answer_recall``: a gold answer occurs in the *body* of the evidence the reader received,
+  titles left out (reader-free): a title is kept by every method, so an answer in a title
+  says nothing about compression; ``answer_recall_informative``: the same over the
+  *informative* questions only (``informative``: no gold answer is yes/no or occurs in the
+  title of a candidate or retrieved item; undefined elsewhere); ``answer_recall_titled``:
+  the earlier, title-inclusive figure;
 - three gold-evidence recalls over the located gold leaves (``question.gold``; whole-item gold
   entries are left out), named apart because they answer different questions:
   ``refinement_recall`` (the paper's): of the gold leaves of the gold items *shown to
@@ -50,8 +55,8 @@ from typing import Iterable, Mapping, Sequence
 from canopy_ray.compressor import Compressor
 from canopy_ray.core.evidence import TokenCounter
 from canopy_ray.core.items import Item, Question, iter_jsonl, parse_question
-from canopy_ray.core.splits import sample_questions, split_of
-from canopy_ray.core.metrics import (answer_recall, bootstrap_ci, covered, exact_match, f1_score,
+from canopy_ray.core.splits import in_split, sample_questions
+from canopy_ray.core.metrics import (answer_recall, bootstrap_ci, covered, exact_match, f1_score, informative,
                                     paired_difference_ci, ratio_ci)
 from canopy_ray.eval.cache import CachingEncoder
 from canopy_ray.eval.matched import ReplayBackends
@@ -62,11 +67,12 @@ from canopy_ray.pipeline import Answer, LocalBackends, MemoryRetriever, Pipeline
 SETTINGS = ("given", "open")
 STAGES = ("encode", "search", "fetch", "compress", "llm_critic", "llm_reader", "llm_table", "total")
 # Metrics aggregated per run, in report order; ``higher`` says which direction is better.
-METRICS = ("em", "f1", "answer_recall", "refinement_recall", "evidence_recall", "retrieval_recall", "tokens", "tokens_before",
+METRICS = ("em", "f1", "answer_recall", "answer_recall_informative", "answer_recall_titled", "refinement_recall", "evidence_recall", "retrieval_recall", "tokens", "tokens_before",
            "tokens_after", "nodes_encoded", "encoded_tokens", "llm_calls", "llm_failures", "rounds",
            "followup_seen_share",
            *(f"latency_{s}" for s in STAGES))
-HIGHER_IS_BETTER = {"em", "f1", "answer_recall", "refinement_recall", "evidence_recall", "retrieval_recall"}
+HIGHER_IS_BETTER = {"em", "f1", "answer_recall", "answer_recall_informative", "answer_recall_titled",
+                    "refinement_recall", "evidence_recall", "retrieval_recall"}
 # micro-averaged: the metric's aggregate is sum(numerator) / sum(denominator) over questions
 MICRO = {"refinement_recall": ("refinement_kept", "refinement_gold")}
 
@@ -105,7 +111,8 @@ def load_eval_set(name: str, questions_path: str | Path, corpus_path: str | Path
     """Read a canonical questions file, draw the sample and (given setting) load the candidates.
 
     ``split`` (train/validation/test) keeps only that split of
-    :func:`canopy_ray.core.splits.split_of`, so evaluation can avoid training questions.
+    :func:`canopy_ray.core.splits.assign_splits` (by document), so evaluation never reads a
+    document that trained or tuned the node encoder.
     Given setting: questions without candidates are skipped (``no_candidates``).
     """
     if setting not in SETTINGS:
@@ -113,7 +120,7 @@ def load_eval_set(name: str, questions_path: str | Path, corpus_path: str | Path
     questions, skipped = _read_jsonl(questions_path, parse_question)
     skipped = Counter({f"question_{k}": v for k, v in skipped.items()})
     if split:
-        questions = [q for q in questions if split_of(name, q.id) == split]
+        questions = in_split(questions, split)
     if setting == "given":
         skipped["no_candidates"] += sum(not q.candidates for q in questions)
         questions = [q for q in questions if q.candidates]
@@ -162,12 +169,16 @@ def gold_recalls(question: Question, ans: Answer) -> dict:
 
 
 def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float] | None = None,
-                    cache_hits: int = 0, reader: bool = True) -> dict:
+                    cache_hits: int = 0, reader: bool = True, titles: Iterable[str] = ()) -> dict:
     """The per-question record: identifiers, what happened, and every metric of :data:`METRICS`.
 
     ``reader=False``: the reader was skipped (:class:`SkipReader`), so EM/F1 are undefined and
-    the skipped call is not counted."""
+    the skipped call is not counted. ``titles``: of the question's candidates (given setting);
+    the retrieved items' titles are added here."""
     saved_s = saved_s or {}
+    shown = {*titles, *(r.tree.item.title for r in ans.results)}
+    useful = bool(question.answers) and informative(question.answers, shown)
+    body = answer_recall(ans.evidence_body, question.answers) if question.answers else None
     scored = reader and bool(question.answers)
     recalls = {k: _nan_to_none(v) for k, v in gold_recalls(question, ans).items()}
     latency = {s: float(ans.timings.get(s, 0.0)) for s in STAGES}
@@ -179,7 +190,9 @@ def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float
         "prediction": ans.answer if reader else None,
         "em": exact_match(ans.answer, question.answers) if scored else None,
         "f1": f1_score(ans.answer, question.answers) if scored else None,
-        "answer_recall": answer_recall(ans.evidence_text, question.answers) if question.answers else None,
+        "answer_recall": body, "informative": useful,
+        "answer_recall_informative": body if useful else None,
+        "answer_recall_titled": answer_recall(ans.evidence_text, question.answers) if question.answers else None,
         **recalls,
         "tokens": ans.tokens.get("reader", 0), "tokens_before": ans.tokens.get("before", 0),
         "tokens_after": ans.tokens.get("after", 0),
@@ -394,7 +407,8 @@ class Runner:
                 ans.followup_seen = ans.followup_total = 0
             saved = Counter(getattr(self.client, "saved_s", {}))
             saved.subtract(saved0)
-            records.append(question_record(q, ans, +saved, getattr(self.client, "hits", 0) - hits0, reader))
+            titles = [eval_set.items[c].title for c in q.candidates if c in eval_set.items]
+            records.append(question_record(q, ans, +saved, getattr(self.client, "hits", 0) - hits0, reader, titles))
             if progress:
                 progress(i + 1, len(eval_set.questions))
         return records

@@ -7,7 +7,7 @@ text the encoders embed) and the pairs as ``(winner, loser)`` indexes into those
 Whole-gold entries (no located leaves) and single-leaf items give no instance.
 
 Data sets are canonical directories (:mod:`canopy_ray.data.sets`); which questions train is
-decided by :func:`canopy_ray.core.splits.split_of`.
+decided by document (:func:`canopy_ray.core.splits.assign_splits`).
 """
 
 from __future__ import annotations

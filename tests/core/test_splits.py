@@ -1,25 +1,58 @@
-"""Question splits, fixed samples and gold items: stable, file-order independent, pure."""
+"""Document-level splits, fixed samples and gold items: stable, file-order independent, pure."""
 
 import hashlib
 
 from canopy_ray.core.items import Gold, Question, TextItem
-from canopy_ray.core.splits import gold_items, sample_questions, split_of
+from canopy_ray.core.splits import assign_splits, borrowed_candidates, documents, gold_items, sample_questions
 
 
-def test_split_is_deterministic_and_question_level():
-    names = [split_of("nq", f"id{k}") for k in range(3000)]
-    assert names == [split_of("nq", f"id{k}") for k in range(3000)]
+def _q(qid: str, *gold: str, candidates: tuple[str, ...] = ()) -> Question:
+    return Question(qid, f"{qid}?", ("a",), gold=tuple(Gold(g, (0,)) for g in gold), candidates=candidates)
+
+
+def never_shared(questions, splits) -> bool:
+    """No document key of a question occurs in a question of another split."""
+    owner, borrowed = {}, borrowed_candidates(questions)
+    for q in questions:
+        for key in documents(q, borrowed):
+            if owner.setdefault(key, splits[q.id]) != splits[q.id]:
+                return False
+    return True
+
+
+def test_split_is_by_document_and_shares_are_close_to_the_target():
+    qs = [_q(f"q{k}", f"doc{k}") for k in range(3000)]
+    splits = assign_splits(qs)
+    names = list(splits.values())
     shares = {s: names.count(s) / len(names) for s in ("train", "validation", "test")}
     assert abs(shares["train"] - 0.70) < 0.03 and abs(shares["test"] - 0.15) < 0.03
-    # both HotpotQA files share one split space
-    assert split_of("hotpotqa_dev700", "x") == split_of("hotpotqa_train100", "x")
+    # the split is a hash of the document, not of the question id or the order
+    renamed = assign_splits(reversed([_q(f"other{k}", f"doc{k}") for k in range(3000)]))
+    assert [renamed[f"other{k}"] for k in range(3000)] == [splits[f"q{k}"] for k in range(3000)]
+    h = int(hashlib.sha1(b"item:doc42").hexdigest()[:8], 16) / 0x100000000
+    assert splits["q42"] == ("train" if h < 0.70 else "validation" if h < 0.85 else "test")
 
 
-def test_split_is_a_hash_of_family_and_id():
-    # pinned to the hash, so a change of rule (which would leak test questions into training) fails
-    h = int(hashlib.sha1(b"nq:q42").hexdigest()[:8], 16) / 0x100000000
-    expected = "train" if h < 0.70 else "validation" if h < 0.85 else "test"
-    assert split_of("nq", "q42") == expected
+def test_questions_sharing_a_document_share_a_split():
+    # a chain: q0 and q1 share doc1, q1 and q2 share doc2; q3 and q4 ask of two reports that
+    # share paragraph p2 (neither's gold); 200 pairs sharing a gold paragraph
+    qs = [_q("q0", "doc0", "doc1"), _q("q1", "doc1", "doc2"), _q("q2", "doc2", "doc3"),
+          _q("q3", "t", candidates=("t", "p1", "p2")), _q("q4", "u", candidates=("u", "p2"))]
+    qs += [_q(f"a{k}", f"g{k}", f"x{k}") for k in range(200)] + [_q(f"b{k}", f"y{k}", f"g{k}") for k in range(200)]
+    splits = assign_splits(qs)
+    assert splits["q0"] == splits["q1"] == splits["q2"] and splits["q3"] == splits["q4"]
+    assert all(splits[f"a{k}"] == splits[f"b{k}"] for k in range(200))
+    assert len(set(splits.values())) == 3 and never_shared(qs, splits)
+
+
+def test_distractors_borrowed_from_other_questions_do_not_join_them():
+    # NQ: each question's distractors are other questions' gold passages; joining on them
+    # would make the whole set one group
+    qs = [_q(f"n{k}", f"g{k}", candidates=(f"g{k}", f"g{(k + 1) % 300}", f"g{(k + 7) % 300}"))
+          for k in range(300)]
+    splits = assign_splits(qs)
+    assert len(set(splits.values())) == 3
+    assert splits == assign_splits([_q(f"n{k}", f"g{k}") for k in range(300)])
 
 
 def test_sample_is_independent_of_order_and_nested():
@@ -35,7 +68,7 @@ def test_gold_items_keep_located_multi_leaf_gold_of_the_split():
           Question("q2", "?", ("x",), gold=(Gold("zz", (0,)),))]
     got = list(gold_items("nq", items, qs))
     assert [(g.question.id, g.tree.item.id, g.gold) for g in got] == [("q1", "a", frozenset({1}))]
-    split = split_of("nq", "q1")
+    split = assign_splits(qs)["q1"]
     assert list(gold_items("nq", items, qs, split=split)) == got
     other = next(s for s in ("train", "validation", "test") if s != split)
     assert list(gold_items("nq", items, qs, split=other)) == []

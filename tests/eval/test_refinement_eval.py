@@ -13,7 +13,7 @@ from canopy_ray.core.splits import GoldItem
 # 4 sentences of 2, 3, 1, 4 words (3, 4, 2, 5 tokens with the final stops); gold {0, 1}.
 ITEM = TextItem("i", "T", ("a b.", "c d e.", "f.", "g h i j."))
 TREE = build_tree(ITEM)
-GOLD = GoldItem("hotpotqa_dev700", Question("q", "which?", (), (Gold("i", (0, 1)),)), TREE,
+GOLD = GoldItem("hotpotqa", Question("q", "which?", (), (Gold("i", (0, 1)),)), TREE,
                 frozenset({0, 1}))
 
 

@@ -8,7 +8,7 @@ from canopy_ray.train.instances import build_instances, instances_for
 def gold_item(n, leaves, title="T"):
     item = TextItem("i", title, tuple(f"Sentence {k}." for k in range(n)))
     q = Question("q", "what?", (), (Gold("i", tuple(leaves)),))
-    return GoldItem("hotpotqa_dev700", q, build_tree(item), frozenset(leaves))
+    return GoldItem("hotpotqa", q, build_tree(item), frozenset(leaves))
 
 
 def spans_pairs(inst):

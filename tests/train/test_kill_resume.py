@@ -34,7 +34,7 @@ def registered_step(run_dir: Path) -> int | None:
 
 @pytest.fixture()
 def setup(tmp_path):
-    data = tmp_path / "data" / "hotpotqa_dev700"  # a shared-set name, already converted: used as is
+    data = tmp_path / "data" / "hotpotqa"  # a shared-set name, already converted: used as is
     data.mkdir(parents=True)
     (data / "corpus.jsonl").write_text("".join(json.dumps(i) + "\n" for i in TINY_ITEMS))
     (data / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in tiny_questions(40)))
@@ -46,7 +46,7 @@ def setup(tmp_path):
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     argv = [sys.executable, str(ROOT / "jobs" / "train.py"), "--config", str(tmp_path / "cfg.yaml"),
             "--name", "kill", "--storage", str(tmp_path / "runs"), "--work-dir", str(tmp_path / "data"),
-            "--sets", "hotpotqa_dev700", "--max-steps", str(MAX_STEPS), "--checkpoint-every", str(EVERY),
+            "--sets", "hotpotqa", "--max-steps", str(MAX_STEPS), "--checkpoint-every", str(EVERY),
             "--out", str(tmp_path / "adapter"), "--address", "local"]
     return argv, tmp_path / "runs" / "kill"
 

@@ -62,7 +62,7 @@ def test_without_a_qualifying_checkpoint_the_highest_recall_one_is_a_fallback():
 def test_sample_gold_is_seeded_per_family():
     from dataclasses import replace
 
-    gold = [replace(GOLD, dataset=d) for d in ["hotpotqa_dev700"] * 5 + ["nq"] * 3]
+    gold = [replace(GOLD, dataset=d) for d in ["hotpotqa"] * 5 + ["nq"] * 3]
     a = sample_gold(gold, 2, seed=1)
     assert [g.dataset for g in a].count("nq") == 2 and len(a) == 4
     assert a == sample_gold(gold, 2, seed=1)
