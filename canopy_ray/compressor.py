@@ -30,7 +30,8 @@ class CompressOptions:
 
     ``mode``: ``canopy`` (refinement), ``none`` (items passed whole) or ``flat`` (the
     ``flat_m`` best leaves); ``whole`` names items kept unsplit (aggregation tables);
-    ``round`` tags the evidence; ``branching`` overrides B. Serve's Refiner also reads
+    ``round`` tags the evidence; ``branching`` overrides B and ``margin`` the refinement
+    margin (:mod:`canopy_ray.core.refine`; None: the compressor's). Serve's Refiner also reads
     ``node_encoder`` (``tuned`` f_theta or ``frozen`` f0) and ``use_store`` (take cached
     node vectors from the index: only for items that came from it).
     """
@@ -42,8 +43,11 @@ class CompressOptions:
     round: int = 1
     node_encoder: str = "tuned"
     use_store: bool = False
+    margin: float | None = None
 
     def __post_init__(self):
+        if self.margin is not None and not self.margin >= 0:
+            raise ValueError(f"margin must be >= 0, got {self.margin!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.node_encoder not in NODE_ENCODERS:
@@ -100,9 +104,9 @@ def token_report(results: Sequence[ItemResult]) -> dict:
 
 
 def refined(tree: ItemTree, scores: dict[Span, float], count_tokens: TokenCounter = count_words,
-            round: int = 1) -> ItemResult:
+            round: int = 1, margin: float = 0.0) -> ItemResult:
     """Algorithm 1 over the scores of the visited nodes (all nodes' scores work too)."""
-    fate = decisions(tree.root, scores)
+    fate = decisions(tree.root, scores, margin)
     return _result(tree, scores, fate, [s for s, d in fate.items() if d == "kept"], count_tokens, round)
 
 
@@ -191,8 +195,9 @@ class Compressor:
     """
 
     def __init__(self, encoder, branching: int = 2, segment_s: float = 30.0, frame_every_s: float = 10.0,
-                 max_frames: int = 32, count_tokens: TokenCounter = count_words, node_store=None, cache=None):
-        self.encoder = encoder
+                 max_frames: int = 32, count_tokens: TokenCounter = count_words, node_store=None, cache=None,
+                 margin: float = 0.0):
+        self.encoder, self.margin = encoder, margin
         self.tree_args = dict(branching=branching, segment_s=segment_s, frame_every_s=frame_every_s,
                               max_frames=max_frames)
         self.count_tokens = count_tokens
@@ -208,7 +213,7 @@ class Compressor:
 
             kw["cache"] = VectorCache(cfg.models.cache_mb)
         h = cfg.hierarchy
-        return cls(encoder, h.branching, h.segment_s, h.frame_every_s, h.max_frames, **kw)
+        return cls(encoder, h.branching, h.segment_s, h.frame_every_s, h.max_frames, margin=cfg.margin, **kw)
 
     def tree(self, item: Item, whole: bool = False, branching: int | None = None) -> ItemTree:
         args = self.tree_args | ({"branching": branching} if branching else {})
@@ -221,15 +226,19 @@ class Compressor:
     def _encode(self, pieces: Sequence[Piece]) -> tuple[np.ndarray, list[int]]:
         return self.encoder.encode_nodes(pieces), self.encoder.token_counts(pieces)
 
+    def margin_of(self, opts: CompressOptions) -> float:
+        return self.margin if opts.margin is None else opts.margin
+
     def _start(self, trees, opts: CompressOptions, query_vec):
         roots = [t.root for t in trees]
-        return _Scoring(self, trees, query_vec), (_score_leaves(roots) if opts.mode == "flat" else score_lazily(roots))
+        levels = _score_leaves(roots) if opts.mode == "flat" else score_lazily(roots, self.margin_of(opts))
+        return _Scoring(self, trees, query_vec), levels
 
     def _finish(self, run: _Scoring, scores: list[dict], opts: CompressOptions) -> list[ItemResult]:
         out = []
         for t, sc, n, tok in zip(run.trees, scores, run.encoded, run.tokens):
             r = (flat(t, sc, opts.flat_m, self.count_tokens, opts.round) if opts.mode == "flat"
-                 else refined(t, sc, self.count_tokens, opts.round))
+                 else refined(t, sc, self.count_tokens, opts.round, self.margin_of(opts)))
             out.append(replace(r, encoded=n, encoded_tokens=tok))
         return out
 
@@ -259,9 +268,10 @@ class Compressor:
         except StopIteration as done:
             return self._finish(run, done.value, opts)
 
-    def compress(self, query: str, items: Sequence[Item], branching: int | None = None) -> list[ItemResult]:
+    def compress(self, query: str, items: Sequence[Item], branching: int | None = None,
+                 margin: float | None = None) -> list[ItemResult]:
         return self.compress_items(self.encoder.encode_queries([query])[0], items,
-                                   CompressOptions(branching=branching))
+                                   CompressOptions(branching=branching, margin=margin))
 
 
 def format_forest(result: ItemResult, width: int = 72) -> str:

@@ -1,16 +1,21 @@
 """One typed configuration, composed of small sections, loaded from YAML in ``configs/``.
 
+The defaults are the CPU default (``configs/cpu.yaml`` writes them out): the packaged MiniLM
+with its tuned adapter, so every entry point (Python API, adapters, CLI, Serve, evaluation)
+compresses the same way unless told otherwise.
+
 Every section forbids unknown keys, so a typo in a YAML file is an error that names the
 key instead of a silently ignored setting.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -19,7 +24,7 @@ class Section(BaseModel):
 
 class RetrievalConfig(Section):
     k: int = Field(10, ge=1, le=1000, description="items retrieved per round")
-    shards: int = Field(1, ge=1, description="FAISS shards searched together")
+    shards: int = Field(2, ge=1, description="FAISS shards searched together")
     index_type: Literal["sq_fp16", "flat"] = "sq_fp16"
     followup: Literal["topk", "fill"] = Field(
         "topk", description="topk: a follow-up round takes the top k for its query less the items already "
@@ -34,6 +39,20 @@ class HierarchyConfig(Section):
     flat_m: int = Field(5, ge=1, description="leaves kept per item by the flat baseline")
 
 
+class RefinementConfig(Section):
+    margin: float | Literal["auto"] = Field(
+        0.0, description="split a node only when a child scores >= it + margin (0: the paper's Algorithm 1; "
+                         "larger keeps more text); auto: the margin calibrated for models.adapter "
+                         "(calibration.json beside it, written by `canopy calibrate`)")
+
+    @field_validator("margin")
+    @classmethod
+    def _non_negative(cls, v):
+        if v != "auto" and not v >= 0:
+            raise ValueError("margin must be >= 0 or 'auto'")
+        return v
+
+
 class CriticConfig(Section):
     rounds: int = Field(3, ge=1, le=10, description="R: critic rounds at most")
     reader_token_cap: int = Field(16384, ge=256, description="reader evidence tokens at most")
@@ -44,6 +63,7 @@ class CriticConfig(Section):
 
 
 PACKAGE_PREFIX = "package:"
+CALIBRATION_FILE = "calibration.json"  # beside an adapter: its calibrated refinement margin
 
 
 def resolve_path(path: str | None) -> str | None:
@@ -54,10 +74,14 @@ def resolve_path(path: str | None) -> str | None:
     return path
 
 
+MINILM_ADAPTER = "package:assets/adapters/minilm-canopy"  # the shipped f_theta of the CPU default
+
+
 class ModelsConfig(Section):
     encoder: Literal["minilm", "qwen3-vl"] = "minilm"
     encoder_path: str | None = Field(None, description="model directory; None = the packaged default")
-    adapter: str | None = Field(None, description="LoRA adapter directory for f_theta; None = f0")
+    adapter: str | None = Field(None, description="LoRA adapter directory for f_theta; null = f0; unset: "
+                                "the shipped adapter for minilm, none for qwen3-vl")
     max_length: int = Field(256, ge=8, description="encoder input tokens at most")
     batch_size: int = Field(64, ge=1)
     batch_tokens: int | None = Field(None, ge=1, description="padded tokens per encoder batch at most (texts "
@@ -69,6 +93,13 @@ class ModelsConfig(Section):
                              "$CANOPY_ONNX_CACHE or ~/.cache/canopy-ray/onnx); GPUs and qwen3-vl run torch")
     cache_mb: float = Field(256, ge=0, description="node-vector cache (LRU) per process or Refiner replica; 0 = off")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _shipped_adapter(cls, data):
+        if isinstance(data, dict) and "adapter" not in data and data.get("encoder", "minilm") == "minilm":
+            data = {**data, "adapter": MINILM_ADAPTER}
+        return data
+
     @field_validator("adapter", "encoder_path")
     @classmethod
     def _package_paths(cls, v: str | None) -> str | None:
@@ -79,7 +110,7 @@ class TrainingConfig(Section):
     lora_rank: int = Field(8, ge=1)
     lora_alpha: int = Field(16, ge=1)
     lora_dropout: float = Field(0.05, ge=0, lt=1)
-    lr: float = Field(5e-5, gt=0)
+    lr: float = Field(3e-4, gt=0, description="the paper: 5e-5 (configs/paper-gpu.yaml)")
     batch_size: int = Field(16, ge=1)
     epochs: int = Field(2, ge=1)
     temperature: float = Field(20.0, gt=0, description="lambda of the pairwise loss")
@@ -95,16 +126,16 @@ class TrainingConfig(Section):
     val_instances: int | None = Field(300, ge=0, description="validation instances scored at each "
                                       "checkpoint (decision accuracy); 0 = none, None = all")
     schedule: Literal["constant", "linear", "cosine"] = Field(
-        "constant", description="learning-rate decay after warm-up, to 0 at the last step")
-    warmup: float = Field(0.0, ge=0, lt=1, description="warm-up share of the total steps")
-    val_items: int | None = Field(0, ge=0, description="validation gold items per data set family "
+        "linear", description="learning-rate decay after warm-up, to 0 at the last step")
+    warmup: float = Field(0.06, ge=0, lt=1, description="warm-up share of the total steps")
+    val_items: int | None = Field(100, ge=0, description="validation gold items per data set family "
                                   "scored at each checkpoint (decision accuracy AND gold recall, "
                                   "inference tokens); the best checkpoint is kept; 0 = off, None = all")
     recall_tolerance: float = Field(0.0, ge=0, description="a checkpoint qualifies when each "
                                     "family's validation gold recall >= f0's minus this")
-    patience: int | None = Field(None, ge=1, description="stop after this many validations "
+    patience: int | None = Field(6, ge=1, description="stop after this many validations "
                                  "without a better checkpoint; None = never")
-    stop_repeat: int = Field(1, ge=1, description="each fully-gold ('stop here') train instance "
+    stop_repeat: int = Field(8, ge=1, description="each fully-gold ('stop here') train instance "
                              "appears this many times per epoch; 1 = CANOPY's data")
 
 
@@ -119,6 +150,9 @@ class LLMSection(Section):
     url: str | None = Field(None, description="base URL of an OpenAI-compatible endpoint, ending in /v1")
     model: str | None = Field(None, description="served model name for openai/vllm")
     max_new_tokens: int = Field(64, ge=1)
+    context_tokens: int | None = Field(None, ge=256, description="the model's context window; the evidence "
+                                       "is cut to fit it beside the prompt and the reply (None: SmolLM2's "
+                                       "8,192 for local, max_model_len for vllm, unknown for an endpoint)")
     timeout_s: float = Field(120.0, gt=0)
     threads: int | None = Field(1, ge=1, description="torch threads of the local backend")
     cache_dir: str | None = Field(None, description="where the converted local model is cached")
@@ -150,7 +184,7 @@ class LLMSection(Section):
 class IndexConfig(Section):
     """The indexing job: Ray Data actor pool, batches, and the resume granularity."""
 
-    actors: int = Field(1, ge=1, description="embedding actors in the Ray Data pool")
+    actors: int = Field(2, ge=1, description="embedding actors in the Ray Data pool")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs reserved (and torch threads) per actor")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per embedding actor (0 = CPU)")
     batch_items: int = Field(32, ge=1, description="items per map_batches call")
@@ -211,12 +245,25 @@ class ServeConfig(Section):
 class CanopyConfig(Section):
     retrieval: RetrievalConfig = RetrievalConfig()
     hierarchy: HierarchyConfig = HierarchyConfig()
+    refinement: RefinementConfig = RefinementConfig()
     critic: CriticConfig = CriticConfig()
     models: ModelsConfig = ModelsConfig()
     training: TrainingConfig = TrainingConfig()
     index: IndexConfig = IndexConfig()
     llm: LLMSection = LLMSection()
     serve: ServeConfig = ServeConfig()
+
+    @property
+    def margin(self) -> float:
+        """The refinement margin, ``auto`` read from the adapter's calibration file."""
+        m = self.refinement.margin
+        if m != "auto":
+            return float(m)
+        path = Path(self.models.adapter or "") / CALIBRATION_FILE
+        if not self.models.adapter or not path.is_file():
+            raise ConfigError(f"refinement.margin is auto but {path if self.models.adapter else 'models.adapter'} "
+                              f"is missing: run `canopy calibrate` or set a number")
+        return float(json.loads(path.read_text())["margin"])
 
     def override(self, **sections: dict) -> "CanopyConfig":
         """A validated copy with some sections' keys replaced: ``cfg.override(serve={"port": 9000})``."""

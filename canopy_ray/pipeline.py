@@ -10,7 +10,11 @@ a follow-up round may add fewer than k items; ``followup: fill`` adds k new ones
 of the top k were already there is recorded), classify each new table once from the
 question (aggregation keeps it whole), refine every new item against q_t, append the kept
 regions, truncate newest-first to the reader cap and ask the critic. Then the reader
-answers from the evidence. With a multimodal LLM (``llm.multimodal``) critic and reader also
+answers from the evidence. The cap never lets a prompt outgrow the LLM's context
+(``context_tokens``): it is lowered to the context less the prompt's own tokens and the answer's,
+so an evidence too long is cut newest-first, never sent to fail. When the retriever holds no
+item the evidence lacks (a small candidate set, all retrieved), no follow-up can change the
+evidence, so the critic is not asked: the reader answers. With a multimodal LLM (``llm.multimodal``) critic and reader also
 see the kept images and the frames of kept video segments as pixels, read under
 ``serve.media_root``, at most ``llm.max_images`` per prompt (newest evidence first); a text-only
 LLM gets the same messages as ever (captions, transcripts, frame times as text).
@@ -19,6 +23,7 @@ LLM gets the same messages as ever (captions, transcripts, frame times as text).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
@@ -27,12 +32,16 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from canopy_ray.compressor import MODES, CompressOptions, Compressor, ItemResult
-from canopy_ray.core.evidence import (Piece, TokenCounter, count_words, piece, render, render_evidence,
-                                      truncate_newest_first)
+from canopy_ray.core.evidence import (Piece, TokenCounter, count_words, evidence_body, piece, render,
+                                      render_evidence, truncate_newest_first)
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import Item, TableItem
 from canopy_ray.models.llm.roles import (Outcome, RoleCall, arun_role, critic_call, reader_call, router_call,
                                          table_call)
+
+log = logging.getLogger(__name__)
+# chat-template tokens around the messages (role markers), beyond their counted text
+TEMPLATE_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -51,15 +60,24 @@ class Settings:
     multimodal: bool = False  # critic and reader see kept images and video frames as pixels
     max_images: int = 32  # images plus frames per prompt at most
     media_root: str | None = None  # media files are read only under it
+    margin: float = 0.0  # refinement margin (canopy_ray.core.refine); 0: the paper
+    context_tokens: int | None = None  # the LLM's context window, when known; caps the evidence
 
     @classmethod
     def from_config(cls, cfg, **overrides) -> "Settings":
-        base = dict(k=cfg.retrieval.k, rounds=cfg.critic.rounds, branching=cfg.hierarchy.branching,
+        from canopy_ray.models.llm.tokens import reader_context
+
+        context = reader_context(cfg.llm)
+        if context and cfg.critic.reader_token_cap > context:
+            log.info("critic.reader_token_cap %d is larger than the LLM's context (%d tokens): the evidence "
+                     "is cut to the context less the prompt and the answer", cfg.critic.reader_token_cap, context)
+        base = dict(context_tokens=context,k=cfg.retrieval.k, rounds=cfg.critic.rounds, branching=cfg.hierarchy.branching,
                     reader_token_cap=cfg.critic.reader_token_cap, video_token_cap=cfg.critic.video_token_cap,
                     flat_m=cfg.hierarchy.flat_m,
                     classify_tables=cfg.critic.classify_tables, followup=cfg.retrieval.followup,
                     router=cfg.critic.router, table_preview=cfg.critic.table_preview,
-                    multimodal=cfg.llm.multimodal, max_images=cfg.llm.max_images, media_root=cfg.serve.media_root)
+                    multimodal=cfg.llm.multimodal, max_images=cfg.llm.max_images, media_root=cfg.serve.media_root,
+                    margin=cfg.margin)
         return cls(**(base | {k: v for k, v in overrides.items() if v is not None}))
 
 
@@ -100,6 +118,11 @@ class Answer:
     @property
     def evidence_text(self) -> str:
         return render_evidence(self.evidence)
+
+    @property
+    def evidence_body(self) -> str:
+        """The reader's evidence without the items' titles."""
+        return evidence_body(self.evidence)
 
     def to_dict(self) -> dict:
         return {
@@ -149,21 +172,23 @@ class Pipeline:
         before = after = 0
         query = question
         pixels: dict = {}  # decoded media of this question, shared by critic and reader
+        room = self._room(question, s)
         for t in range(1, s.rounds + 1):
             ans.rounds, ans.queries = t, ans.queries + [query]
             qvec = (await self._timed(ans, "encode", self.backends.encode_queries([query])))[0]
             new_ids = await self._retrieve(ans, query, qvec, seen, s)
             items = await self._timed(ans, "fetch", self.backends.fetch(new_ids))
             whole = await self._aggregation_tables(ans, question, items, s)
-            opts = CompressOptions(branching=s.branching, whole=whole, mode=s.mode, flat_m=s.flat_m, round=t)
+            opts = CompressOptions(branching=s.branching, whole=whole, mode=s.mode, flat_m=s.flat_m, round=t,
+                                   margin=s.margin)
             results = await self._timed(ans, "compress", self.backends.compress(qvec, items, opts))
             ans.results.extend(results)
             before += sum(r.tokens_before for r in results)
             after += sum(r.tokens_after for r in results)
             pieces.extend(r.evidence for r in results)
             cap = s.video_token_cap if any(p.modality == "video" for p in pieces) else s.reader_token_cap
-            reader_pieces = truncate_newest_first(pieces, cap, self.count_tokens)
-            if t == s.rounds:
+            reader_pieces = truncate_newest_first(pieces, min(cap, room), self.count_tokens)
+            if t == s.rounds or await self._exhausted(seen):
                 break
             images = await self._pictures(ans, reader_pieces, s, pixels)
             critique = (await self._llm(ans, critic_call(question, render_evidence(reader_pieces),
@@ -183,6 +208,21 @@ class Pipeline:
                       "nodes_total": sum(len(r.tree.nodes()) for r in ans.results)}
         ans.timings["total"] = time.perf_counter() - t_start
         return ans
+
+    def _room(self, question: str, s: Settings) -> float:
+        """Evidence tokens that fit the LLM's context beside the critic's or the reader's prompt
+        and reply, whichever is longer (unbounded when the context is unknown)."""
+        if not s.context_tokens:
+            return float("inf")
+        need = max(self.count_tokens("\n".join(m["content"] for m in call.messages)) + call.max_tokens
+                   for call in (critic_call(question, ""), reader_call(question, "")))
+        return max(0, s.context_tokens - need - TEMPLATE_TOKENS)
+
+    async def _exhausted(self, seen: set[str]) -> bool:
+        """Whether every item the retriever holds is in the evidence (known for small in-memory
+        candidate sets only)."""
+        unseen = getattr(self.backends, "unseen", None)
+        return unseen is not None and await unseen(seen) == 0
 
     async def _pictures(self, ans: Answer, pieces: Sequence[Piece], s: Settings, pixels: dict) -> list:
         """The evidence's pictures for a multimodal LLM (none for a text-only one); files are
@@ -255,6 +295,10 @@ class LocalBackends:
 
     async def llm(self, call):
         return await arun_role(self.client, call)
+
+    async def unseen(self, seen: set[str]) -> int | None:
+        """Items the retriever holds that are not in ``seen`` (None: unknown, an index)."""
+        return len(set(self.retriever.ids) - seen) if isinstance(self.retriever, MemoryRetriever) else None
 
 
 class MemoryRetriever:

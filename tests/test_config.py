@@ -12,9 +12,29 @@ def test_defaults_are_the_papers_numbers():
     assert (cfg.retrieval.k, cfg.hierarchy.branching, cfg.critic.rounds) == (10, 2, 3)
     assert cfg.hierarchy.segment_s == 30 and cfg.hierarchy.frame_every_s == 10 and cfg.hierarchy.max_frames == 32
     assert cfg.critic.reader_token_cap == 16384
-    t = cfg.training
-    assert (t.lora_rank, t.lora_alpha, t.lora_dropout, t.lr, t.batch_size, t.epochs, t.temperature) == \
-        (8, 16, 0.05, 5e-5, 16, 2, 20)
+    t = load_config(ROOT / "configs" / "paper-gpu.yaml").training
+    assert (t.lora_rank, t.lora_alpha, t.lora_dropout, t.lr, t.batch_size, t.epochs, t.temperature,
+            t.schedule, t.stop_repeat) == (8, 16, 0.05, 5e-5, 16, 2, 20, "constant", 1)
+
+
+def test_the_built_in_defaults_are_the_cpu_config_with_the_shipped_adapter():
+    # one default: what canopy_ray.compress(), the adapters and the CLI get without a config
+    # is what the served app and the evaluation load from configs/cpu.yaml
+    cfg = load_config()
+    assert cfg == load_config(ROOT / "configs" / "cpu.yaml")
+    assert cfg.models.adapter and Path(cfg.models.adapter, "adapter_model.safetensors").is_file()
+    assert load_config(models={"adapter": None}).models.adapter is None
+    assert load_config(models={"encoder": "qwen3-vl"}).models.adapter is None  # no shipped Qwen adapter
+
+
+def test_margin_auto_reads_the_adapters_calibration(tmp_path):
+    (tmp_path / "calibration.json").write_text('{"margin": 0.025}')
+    assert load_config(refinement={"margin": "auto"}, models={"adapter": str(tmp_path)}).margin == 0.025
+    assert load_config(refinement={"margin": 0.01}).margin == 0.01
+    with pytest.raises(ConfigError, match="canopy calibrate"):
+        load_config(refinement={"margin": "auto"}, models={"adapter": str(tmp_path / "none")}).margin
+    with pytest.raises(ConfigError, match="margin"):
+        load_config(refinement={"margin": -0.1})
 
 
 CANOPY_CONFIGS = [p for p in sorted((ROOT / "configs").glob("*.yaml")) if p.name not in ("serve.yaml", "sweep.yaml")]

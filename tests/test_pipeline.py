@@ -9,7 +9,7 @@ import pytest
 from canopy_ray.compressor import Compressor
 from canopy_ray.core.items import parse_item
 from canopy_ray.models.llm.protocol import ChatResult
-from canopy_ray.pipeline import LocalBackends, MemoryRetriever, Pipeline, Settings
+from canopy_ray.pipeline import TEMPLATE_TOKENS, LocalBackends, MemoryRetriever, Pipeline, Settings
 
 ITEMS = [parse_item(o) for o in [
     {"id": "band", "modality": "text", "title": "Tinted Windows (band)",
@@ -76,7 +76,7 @@ def test_fill_follow_up_rounds_fetch_only_new_items(local):
 def test_sufficient_evidence_stops_early_and_aggregation_keeps_tables_whole(local):
     client = Scripted(critic=json.dumps({"sufficient": True, "missing": "", "next_query": ""}),
                       reader=json.dumps({"answer": "3"}), table=json.dumps({"kind": "aggregation"}))
-    ans = _pipeline(local, client, k=5, rounds=3).answer_sync("How many contract types are in the sales table?")
+    ans = _pipeline(local, client, k=4, rounds=3).answer_sync("How many contract types are in the sales table?")
     assert ans.rounds == 1 and ans.llm_calls == {"critic": 1, "reader": 1, "table": 1}
     (table,) = [r for r in ans.results if r.id == "sales"]
     assert table.kept == [(0, 3)] and table.tree.root.children == ()
@@ -107,6 +107,46 @@ def test_reader_cap_drops_the_oldest_evidence(local):
     assert ans.evidence == full[1:]  # the oldest piece dropped, the newest (and the rest) kept whole
     assert full[0].item_id not in [p.item_id for p in ans.evidence] and ans.evidence[-1] == full[-1]
     assert ans.tokens["reader"] <= cap
+
+
+@pytest.mark.integration
+def test_the_evidence_is_cut_to_fit_the_llms_context(local):
+    from canopy_ray.core.evidence import count_words
+
+    context = 250
+
+    class Bounded(Scripted):
+        async def achat(self, messages, *, response_format=None, max_tokens=None):
+            # what a real engine refuses: a prompt that leaves no room for the reply
+            used = count_words("\n".join(m["content"] for m in messages)) + max_tokens
+            assert used + TEMPLATE_TOKENS <= context, f"prompt of {used} tokens exceeds the context"
+            return await super().achat(messages, response_format=response_format, max_tokens=max_tokens)
+
+    insufficient = json.dumps({"sufficient": False, "missing": "", "next_query": "cheese"})
+    client = Bounded(critic=[insufficient], reader=json.dumps({"answer": "x"}), table=json.dumps({"kind": "lookup"}))
+    ans = _pipeline(local, client, k=2, rounds=2, mode="none", context_tokens=context).answer_sync("Tinted Windows")
+    assert ans.evidence and 0 < ans.tokens["reader"] < ans.tokens["after"]  # cut, not dropped
+    assert _role_names(client) == ["critic", "reader"] and not ans.llm_failures
+
+
+def test_the_configured_cap_meets_the_local_readers_context():
+    from canopy_ray.config import load_config
+    from canopy_ray.models.llm.local import SMOLLM2_CONTEXT
+
+    cfg = load_config()
+    assert cfg.critic.reader_token_cap > SMOLLM2_CONTEXT  # the paper's 16k: more than SmolLM2 reads
+    s = Settings.from_config(cfg)
+    assert s.context_tokens == SMOLLM2_CONTEXT
+    assert Settings.from_config(load_config(llm={"backend": "openai", "url": "http://127.0.0.1:1/v1"})).context_tokens is None
+
+
+@pytest.mark.integration
+def test_no_critic_when_every_candidate_is_in_the_evidence(local):
+    # 5 candidates, k = 10: a follow-up round could add nothing, so the reader answers at once
+    client = Scripted(critic="unused", reader=json.dumps({"answer": "Tulsa"}), table=json.dumps({"kind": "lookup"}))
+    ans = _pipeline(local, client, k=10, rounds=3).answer_sync("Where did Tinted Windows first perform?")
+    assert ans.rounds == 1 and "critic" not in _role_names(client) and ans.llm_calls["reader"] == 1
+    assert len(ans.retrieved[0]) == len(ITEMS)
 
 
 @pytest.mark.integration

@@ -54,25 +54,32 @@ def _video_line(tree: ItemTree, span: Span) -> str:
     return f"{line} {speech}" if speech else line
 
 
+def head(item) -> str:
+    """What a piece of ``item`` starts with before its content: the item's title (the name a
+    reader sees, never evidence of its own; answer recall over the body leaves it out)."""
+    if not item.title:
+        return ""
+    if isinstance(item, TextItem):
+        return f"{item.title}: "
+    return item.title if isinstance(item, ImageItem) else f"{item.title}\n"
+
+
 def _render(tree: ItemTree, spans: Sequence[Span]) -> str:
-    """The given spans as they are, in item order: one part per span, gaps marked."""
+    """The given spans as they are, in item order: one part per span, gaps marked, after
+    the item's :func:`head`."""
     item, spans = tree.item, sorted(spans)
     if isinstance(item, TextItem):
         parts = [" ".join(s.strip() for s in item.sentences[a:b] if s.strip()) for a, b in spans]
-        body = GAP.join(p for p in parts if p)
-        return f"{item.title}: {body}" if item.title else body
+        return head(item) + GAP.join(p for p in parts if p)
     if isinstance(item, TableItem):
-        lines = [item.title] if item.title else []
-        lines.append(" | ".join(item.header))
+        lines = [" | ".join(item.header)]
         if spans:
             lines.append(ROW_GAP.join("\n".join(" | ".join(r) for r in item.rows[a:b]) for a, b in spans))
-        return "\n".join(lines)
+        return head(item) + "\n".join(lines)
     if isinstance(item, ImageItem):
         caption = f": {item.caption}" if item.caption else ""
-        return f"{item.title}{caption} [image {item.path}]"
-    lines = [item.title] if item.title else []
-    lines.extend(_video_line(tree, s) for s in spans)
-    return "\n".join(lines)
+        return f"{head(item)}{caption} [image {item.path}]"
+    return head(item) + "\n".join(_video_line(tree, s) for s in spans)
 
 
 def _span_cost(tree: ItemTree) -> tuple[Callable[[Span], int], int]:
@@ -126,7 +133,7 @@ class Piece:
     """The kept regions of one item, added to the evidence in round ``round``.
 
     ``spans`` are the kept spans; ``text`` and ``media`` show them as :func:`shown_spans` lays
-    them out."""
+    them out; ``text`` starts with ``head`` (the title), and the rest is the :attr:`body`."""
 
     item_id: str
     modality: str
@@ -134,6 +141,12 @@ class Piece:
     text: str
     round: int = 1
     media: tuple[tuple[str, float | None], ...] = ()  # (path, time) for images/frames
+    head: str = ""
+
+    @property
+    def body(self) -> str:
+        """The text without its title ("" when a cut left only part of the title)."""
+        return self.text[len(self.head):] if self.text.startswith(self.head) else ""
 
 
 def piece(tree: ItemTree, spans: Sequence[Span], round: int = 1) -> Piece:
@@ -145,11 +158,16 @@ def piece(tree: ItemTree, spans: Sequence[Span], round: int = 1) -> Piece:
         media = tuple((item.path, t) for s in shown for t in tree.frames(s))
     else:
         media = ()
-    return Piece(item.id, item.modality, spans, _render(tree, shown), round, media)
+    return Piece(item.id, item.modality, spans, _render(tree, shown), round, media, head(item))
 
 
 def render_evidence(pieces: Sequence[Piece]) -> str:
     return PIECE_SEP.join(p.text for p in pieces)
+
+
+def evidence_body(pieces: Sequence[Piece]) -> str:
+    """The evidence without the pieces' titles: what answer recall reads."""
+    return PIECE_SEP.join(p.body for p in pieces)
 
 
 _BREAK = re.compile(r"\n|(?<=[.!?])\s")

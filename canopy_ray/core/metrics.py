@@ -57,6 +57,16 @@ def answer_recall(evidence: str, answers: Iterable[str]) -> float:
     return float(any(normalize_answer(a) and f" {normalize_answer(a)} " in ev for a in answers))
 
 
+def informative(answers: Iterable[str], titles: Iterable[str]) -> bool:
+    """Whether answer recall can tell evidence apart on a question: no gold answer is yes/no
+    (found in almost no text) and none occurs in a title of the items shown (kept by every
+    method, whatever it drops)."""
+    answers = [a for a in answers if normalize_answer(a)]
+    if not answers or any(normalize_answer(a) in ("yes", "no") for a in answers):
+        return False
+    return not any(answer_recall(t, answers) for t in titles)
+
+
 def covered(spans: Iterable[Span]) -> set[int]:
     return {i for a, b in spans for i in range(a, b)}
 

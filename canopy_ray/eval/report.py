@@ -33,15 +33,18 @@ from canopy_ray.core.files import write_text
 from canopy_ray.eval.methods import METHODS
 from canopy_ray.eval.runs import STAGES, paired_differences
 
-ABLATION_COLUMNS = [("em", "EM"), ("f1", "F1"), ("answer_recall", "answer recall"),
+ABLATION_COLUMNS = [("em", "EM"), ("f1", "F1"), ("answer_recall", "answer recall (body)"),
+                    ("answer_recall_informative", "answer recall (body, informative)"),
                     ("refinement_recall", "refinement recall (micro)"), ("evidence_recall", "evidence recall"),
                     ("retrieval_recall", "retrieval recall"), ("tokens", "reader tokens"), ("encoded_tokens", "encoded tokens"),
                     ("latency_compress", "compress s"), ("latency_llm_reader", "reader s"),
                     ("llm_calls", "LLM calls"), ("rounds", "rounds"), ("followup_seen_share", "follow-up seen")]
-DIFF_COLUMNS = [("em", "ΔEM"), ("f1", "ΔF1"), ("answer_recall", "Δanswer recall"),
+DIFF_COLUMNS = [("em", "ΔEM"), ("f1", "ΔF1"), ("answer_recall", "Δanswer recall (body)"),
+                ("answer_recall_informative", "Δanswer recall (body, informative)"),
                 ("evidence_recall", "Δevidence recall"),
                 ("tokens", "Δreader tokens"), ("llm_calls", "ΔLLM calls")]
-SWEEP_COLUMNS = [("f1", "F1"), ("em", "EM"), ("answer_recall", "answer recall"),
+SWEEP_COLUMNS = [("f1", "F1"), ("em", "EM"), ("answer_recall", "answer recall (body)"),
+                 ("answer_recall_informative", "answer recall (body, informative)"),
                  ("refinement_recall", "refinement recall (micro)"), ("evidence_recall", "evidence recall"),
                  ("tokens", "reader tokens"), ("tokens_before", "tokens before"),
                  ("encoded_tokens", "encoded tokens"), ("latency_compress", "compress s"), ("llm_calls", "LLM calls"),
@@ -195,7 +198,7 @@ def plot_quality_vs_tokens(runs: list[dict], path: Path) -> Path | None:
         for r in group:
             if r["spec"]["branching"] == b0:
                 by_method[r["spec"]["method"]].append(r)
-        for row, (metric, label) in enumerate((("f1", "F1"), ("answer_recall", "answer recall"))):
+        for row, (metric, label) in enumerate((("f1", "F1"), ("answer_recall", "answer recall (body)"))):
             ax = axes[row][col]
             if metric == "f1" and not reader:
                 ax.text(0.5, 0.5, "reader skipped:\nno EM/F1", ha="center", va="center", transform=ax.transAxes)
@@ -289,32 +292,41 @@ def pareto_markdown(runs: list[dict]) -> list[str]:
         base = next((r for r in main if r["spec"]["method"] == "canopy"), None)
         k, b = main[0]["spec"]["k"], main[0]["spec"]["branching"]
         lines += [f"### {dataset}, {setting} setting: reader tokens vs answer recall (k={k}, B={b})", "",
-                  "Mean [95% bootstrap interval] over questions (refinement recall: micro over gold leaves "
-                  "shown); Δ columns: paired differences on the same questions.", ""]
-        cols = ["method", "n", "reader tokens", "answer recall", "refinement recall", "evidence recall", "EM", "F1"]
+                  "Mean [95% bootstrap interval] over questions. Answer recall: a gold answer in the body of "
+                  "the reader's evidence (titles left out); informative: the questions whose answer is not "
+                  "yes/no and in no shown title (n_inf of them); with titles: the title-inclusive figure. "
+                  "Refinement recall: micro over gold leaves shown. Δ columns: paired differences on the "
+                  "same questions.", ""]
+        inf = "answer_recall_informative"
+        cols = ["method", "n", "reader tokens", "answer recall", "n_inf", "answer recall, informative",
+                "with titles", "refinement recall", "evidence recall", "EM", "F1"]
         if ref:
-            cols += ["tokens vs no_projection", "Δanswer recall vs no_projection"]
+            cols += ["tokens vs no_projection", "Δanswer recall vs no_projection", "Δinformative vs no_projection"]
         if base:
-            cols += ["Δanswer recall vs canopy", "Δevidence recall vs canopy"]
+            cols += ["Δinformative vs canopy", "Δevidence recall vs canopy"]
         rows = []
         for r in main:
+            agg = r["aggregate"]
             row = [r["spec"]["method"], str(len([x for x in r["records"] if "error" not in x])),
-                   *(cell(r["aggregate"].get(m), m)
-                     for m in ("tokens", "answer_recall", "refinement_recall", "evidence_recall", "em", "f1"))]
+                   cell(agg.get("tokens"), "tokens"), cell(agg.get("answer_recall"), "answer_recall"),
+                   str((agg.get(inf) or {}).get("n", "-")),
+                   *(cell(agg.get(m), m) for m in (inf, "answer_recall_titled", "refinement_recall",
+                                                   "evidence_recall", "em", "f1"))]
             if ref:
-                d = paired_differences(r["records"], ref["records"], ["answer_recall"])["answer_recall"]
-                row += [_ratio(r, ref, "tokens"), "-" if r is ref else cell(d, "answer_recall")]
+                d = paired_differences(r["records"], ref["records"], ["answer_recall", inf])
+                row += [_ratio(r, ref, "tokens"), *("-" if r is ref else cell(d[m], m) for m in ("answer_recall", inf))]
             if base:
-                d = paired_differences(r["records"], base["records"], ["answer_recall", "evidence_recall"])
-                row += ["-" if r is base else cell(d[m], m) for m in ("answer_recall", "evidence_recall")]
+                d = paired_differences(r["records"], base["records"], [inf, "evidence_recall"])
+                row += ["-" if r is base else cell(d[m], m) for m in (inf, "evidence_recall")]
             rows.append(row)
         lines += _table(cols, rows) + [""]
         if curve:
             lines += [f"CANOPY over k x B ({curve[0]['spec']['n_questions']} questions):", ""]
             rows = [[str(r["spec"]["k"]), str(r["spec"]["branching"]),
-                     *(cell(r["aggregate"].get(m), m) for m in ("tokens", "answer_recall", "evidence_recall"))]
+                     *(cell(r["aggregate"].get(m), m) for m in ("tokens", "answer_recall", inf, "evidence_recall"))]
                     for r in curve]
-            lines += _table(["k", "B", "reader tokens", "answer recall", "evidence recall"], rows) + [""]
+            lines += _table(["k", "B", "reader tokens", "answer recall", "informative", "evidence recall"],
+                            rows) + [""]
     return lines
 
 
@@ -336,11 +348,11 @@ def plot_pareto(runs: list[dict], out: Path) -> list[Path]:
             by_b[r["spec"]["branching"]].append(r)
         for i, (b, rs) in enumerate(sorted(by_b.items())):
             rs = sorted(rs, key=lambda r: r["spec"]["k"])
-            xs, ys = [_mean(r, "tokens") for r in rs], [_mean(r, "answer_recall") for r in rs]
+            xs, ys = [_mean(r, "tokens") for r in rs], [_mean(r, "answer_recall_informative") for r in rs]
             ax.plot(xs, ys, "--.", color=str(0.3 + 0.2 * i), lw=1, zorder=1,
                     label=f"canopy B={b}, k={','.join(str(r['spec']['k']) for r in rs)} (n={rs[0]['spec']['n_questions']})")
         for r in main:
-            t, a = r["aggregate"]["tokens"], r["aggregate"]["answer_recall"]
+            t, a = r["aggregate"]["tokens"], r["aggregate"].get("answer_recall_informative") or {}
             if t.get("mean") is None or a.get("mean") is None:
                 continue
             m = r["spec"]["method"]
@@ -350,7 +362,7 @@ def plot_pareto(runs: list[dict], out: Path) -> list[Path]:
                         color=f"C{_order(m)}", label=f"{m} (n={a['n']})", zorder=2)
         k, b = main[0]["spec"]["k"], main[0]["spec"]["branching"]
         ax.set_xlabel("reader evidence tokens (mean per question)")
-        ax.set_ylabel("answer recall in the reader's evidence")
+        ax.set_ylabel("answer recall, evidence body (informative questions)")
         ax.set_title(f"{dataset}, {setting} setting (methods at k={k}, B={b})", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")

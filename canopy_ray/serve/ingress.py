@@ -342,13 +342,14 @@ class Ingress:
         t0 = time.perf_counter()
         qvec = await self._call("encode", lambda: self.query_encoder.encode.remote(req.query))
         t1 = time.perf_counter()
-        opts = CompressOptions(branching=req.branching, node_encoder=req.node_encoder)
+        margin = self.settings.margin if req.margin is None else req.margin
+        opts = CompressOptions(branching=req.branching, node_encoder=req.node_encoder, margin=margin)
         results = await self._call("compress", lambda: self.refiner.compress.remote(qvec, items, opts))
         t2 = time.perf_counter()
         out = [r.to_dict(req.explain) for r in results]
         totals = {k: sum(r[k] for r in out) for k in ("tokens_before", "tokens_after", "nodes_total",
                                                       "nodes_scored", "nodes_encoded", "encoded_tokens")}
-        return {"items": out, **totals, "node_encoder": req.node_encoder,
+        return {"items": out, **totals, "node_encoder": req.node_encoder, "margin": margin,
                 "timings": {"encode_query": t1 - t0, "compress": t2 - t1}}
 
     @api.post("/v1/answer")
@@ -363,8 +364,8 @@ class Ingress:
         backends = ServeBackends(self.query_encoder, self.retriever, self.refiner, self.client, self._call)
         pipeline = Pipeline(backends, self.settings, self.count_tokens)
         ans = await self._deadline(pipeline.answer(req.question, k=req.k, rounds=req.rounds, branching=req.branching,
-                                                   mode=req.mode), "the answer")
-        out = ans.to_dict()
+                                                   mode=req.mode, margin=req.margin), "the answer")
+        out = ans.to_dict() | {"margin": self.settings.margin if req.margin is None else req.margin}
         if req.explain:
             out["items"] = [r.to_dict(explain=True) for r in ans.results]
         return out

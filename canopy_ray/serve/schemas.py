@@ -19,6 +19,7 @@ class CompressRequest(Request):
     explain: bool = False
     node_encoder: Literal["tuned", "frozen"] = "tuned"
     branching: int | None = Field(None, ge=2, le=16)
+    margin: float | None = Field(None, ge=0, le=1)
 
 
 class AnswerRequest(Request):
@@ -27,6 +28,7 @@ class AnswerRequest(Request):
     rounds: int | None = Field(None, ge=1, le=10)
     branching: int | None = Field(None, ge=2, le=16)
     mode: Literal[MODES] | None = None  # type: ignore[valid-type]
+    margin: float | None = Field(None, ge=0, le=1)
     explain: bool = False
 
 

@@ -8,9 +8,10 @@ from canopy_ray.core.files import write_json
 from canopy_ray.eval.runs import aggregate
 
 
-def _run(method, k, b, f1s, tokens, roles=None):
-    recs = [{"id": f"q{i}", "f1": f, "em": float(f == 1.0), "answer_recall": 1.0, "tokens": t, "llm_calls": 2,
-             "rounds": 1, "latency_total": 1.5} for i, (f, t) in enumerate(zip(f1s, tokens))]
+def _run(method, k, b, f1s, tokens, roles=None, informative=(1.0, 1.0, None, None)):
+    recs = [{"id": f"q{i}", "f1": f, "em": float(f == 1.0), "answer_recall": 1.0, "answer_recall_informative": inf,
+             "tokens": t, "llm_calls": 2, "rounds": 1, "latency_total": 1.5}
+            for i, (f, t, inf) in enumerate(zip(f1s, tokens, informative))]
     run = {"spec": {"dataset": "tiny", "method": method, "setting": "given", "k": k, "branching": b,
                     "n_questions": len(recs), "node_adapter": "frozen", "llm_model": "scripted"},
            "aggregate": aggregate(recs), "errors": 0, "records": recs}
@@ -50,14 +51,20 @@ def test_report_writes_tables_and_plots(tmp_path):
 
 def test_pareto_compares_with_no_projection_and_keeps_the_ablation_point(tmp_path):
     res = tmp_path / "res"
-    write_json(res / "a.json", _run("canopy", 10, 2, [1.0, 0.5, 0.0, 1.0], [100, 120, 80, 90]))
-    write_json(res / "b.json", _run("no_projection", 10, 2, [1.0, 0.0, 0.0, 1.0], [200, 240, 160, 180]))
+    write_json(res / "a.json", _run("canopy", 10, 2, [1.0, 0.5, 0.0, 1.0], [100, 120, 80, 90],
+                                    informative=(1.0, 0.0, None, None)))
+    write_json(res / "b.json", _run("no_projection", 10, 2, [1.0, 0.0, 0.0, 1.0], [200, 240, 160, 180],
+                                    informative=(1.0, 1.0, None, None)))
     write_json(res / "c.json", _run("random", 10, 2, [0.0, 0.0, 0.0, 1.0], [100, 118, 80, 90]))
     write_json(res / "d.json", _run("canopy", 20, 3, [0.0, 0.0, 0.0, 1.0], [50, 50, 50, 50]))
     write_report(res)
     md = (res / "results.md").read_text()
-    # canopy uses half of no_projection's tokens; the k=20 point is in the curve, not the ablation
-    assert "| canopy | 4 | 98 [" in md and "| -50.0% | 0.000 [0.000, 0.000] | - | - |" in md
-    assert "| no_projection | 4 | 195 [" in md and "| +0.0% | - | 0.000 [0.000, 0.000] | - |" in md
+    # canopy uses half of no_projection's tokens and keeps the answer of one of the two
+    # informative questions (n_inf 2) where no_projection keeps both; the k=20 point is in the
+    # curve, not the ablation
+    assert "| canopy | 4 | 98 [" in md and "| 1.000 [1.000, 1.000] | 2 | 0.500 [0.000, 1.000] |" in md
+    assert "| -50.0% | 0.000 [0.000, 0.000] | -0.500 [-1.000, 0.000] | - | - |" in md
+    assert "| no_projection | 4 | 195 [" in md and "| 2 | 1.000 [1.000, 1.000] |" in md
+    assert "| +0.0% | - | - | 0.500 [0.000, 1.000] | - |" in md
     ablation = md.split("## tiny: methods")[1].split("Paired differences")[0]
     assert ablation.count("| canopy |") == 1 and "| random |" in ablation

