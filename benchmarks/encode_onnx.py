@@ -32,9 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from canopy_ray.config import load_config  # noqa: E402
-from encode_speed import (PlainLoop, _pieces, _timed, chunked, max_diff_alone, measure, node_texts,  # noqa: E402
-                          spread_sample)
+from encode_speed import (PlainLoop, _pieces, _timed, chunked, max_diff_alone, measure, minilm_setup,  # noqa: E402
+                          node_texts, spread_sample)
 from floor import SHARED  # noqa: E402
 
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -145,15 +144,10 @@ def main(argv=None) -> int:
                                                       "~/.cache/canopy-ray/onnx)")
     p.add_argument("--out", default="results/bench/encode_onnx.md")
     p.add_argument("--json", default="runs/bench-encode/onnx.json")
-    args = p.parse_args(argv)
+    args, cfg = minilm_setup(p, argv, "ONNX backends are for the MiniLM TextEncoder")
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cfg = load_config(args.config)
     m = cfg.models
-    if m.encoder != "minilm":
-        p.error("ONNX backends are for the MiniLM TextEncoder")
     encs = encoders(m, args.onnx_cache)
     source, per_item = node_texts(cfg.hierarchy.branching)
     sp = speed(encs, m, per_item[:args.max_items], args.chunk_items, args.repeats, args.check)

@@ -151,6 +151,20 @@ def max_diff_alone(encode, texts: list[str], wrap) -> float:
     return float(np.abs(together - alone).max())
 
 
+def minilm_setup(p: argparse.ArgumentParser, argv, why: str):
+    """``(args, cfg)``: arguments parsed, torch threads set, the config loaded; only for
+    the MiniLM encoder (``why`` says why, otherwise)."""
+    args = p.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = load_config(args.config)
+    if cfg.models.encoder != "minilm":
+        p.error(why)
+    return args, cfg
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/cpu.yaml")
@@ -162,17 +176,13 @@ def main(argv=None) -> int:
     p.add_argument("--batch-tokens", default="", help="other budgets to time encode_nodes with, e.g. 512,4096")
     p.add_argument("--out", default="results/bench/encode_speed.md")
     p.add_argument("--json", default="runs/bench-encode/results.json")
-    args = p.parse_args(argv)
+    args, cfg = minilm_setup(p, argv, "this benchmark compares the MiniLM TextEncoder with a plain loop "
+                                      "over the same model")
     import torch
 
     from canopy_ray.models.encoder import TextEncoder, build_encoder
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cfg = load_config(args.config)
     m = cfg.models
-    if m.encoder != "minilm":
-        p.error("this benchmark compares the MiniLM TextEncoder with a plain loop over the same model")
     source, per_item = node_texts(cfg.hierarchy.branching)
     per_item = per_item[:args.max_items]
     chunks = chunked(per_item, args.chunk_items)

@@ -25,6 +25,7 @@ PASS_THROUGH = {
     "eval-refinement": ("canopy_ray.eval.refinement", "f0 vs f_theta refinement on gold items (no LLM)"),
     "sweep": ("canopy_ray.eval.sweep", "the resumable k x B sweep on an autoscaling Ray actor pool"),
     "report": ("canopy_ray.eval.report", "turn a results folder into a markdown table and PNG plots"),
+    "calibrate": ("canopy_ray.eval.calibrate", "choose the refinement margin on validation for a recall target"),
 }
 
 

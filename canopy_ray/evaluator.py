@@ -35,6 +35,7 @@ def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, me
              setting: str = "given", index: str | Path | None = None, dataset: str | None = None,
              n: int | None = None, seed: int = 0, split: str | None = None, k: int | None = None,
              branching: int | None = None, rounds: int | None = None, flat_m: int | None = None,
+             margin: float | None = None,
              out: str | Path | None = None, client=None, llm_cache: str | Path | None = None,
              encoder=None, progress: Callable[[str], None] | None = None, reader: bool = True,
              question_progress: Callable[[int, int], None] | None = None,
@@ -70,7 +71,7 @@ def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, me
     out = Path(out) if out is not None else None
     for method in chosen:
         # the method's own values win: vanilla stays one round whatever ``rounds`` says
-        settings = method.settings(base, k=k, branching=branching, rounds=rounds, flat_m=flat_m)
+        settings = method.settings(base, k=k, branching=branching, rounds=rounds, flat_m=flat_m, margin=margin)
         if method.matched and reference is not None:
             runner.add_reference(eval_set, settings, json.loads(Path(reference).read_text()), setting, idx)
         run = runner.run(eval_set, method, settings, setting, progress=question_progress, reader=reader)
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--branching", type=int, default=None)
     p.add_argument("--rounds", type=int, default=None, help="R for multi-round methods")
     p.add_argument("--flat-m", type=int, default=None, help="leaves per item of the flat method")
+    p.add_argument("--margin", type=float, default=None, help="refinement margin (default: the config's)")
     p.add_argument("--adapter", default=None, help="f_theta adapter folder (default: the config's)")
     p.add_argument("--llm-cache", default=None, help="SQLite file caching LLM replies (greedy: exact)")
     p.add_argument("--llm-url", default=None, metavar="URL",
@@ -150,6 +152,7 @@ def main(argv=None) -> int:
         result = evaluate(cfg, args.questions, args.corpus, methods=args.method, setting=args.setting,
                           index=args.index, dataset=args.dataset, n=args.n, seed=args.seed, split=args.split,
                           k=args.k, branching=args.branching, rounds=args.rounds, flat_m=args.flat_m,
+                          margin=args.margin,
                           out=args.out, llm_cache=args.llm_cache, progress=print, reader=not args.no_reader,
                           question_progress=_question_progress if args.verbose else None,
                           reference=args.reference)

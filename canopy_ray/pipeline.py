@@ -36,6 +36,7 @@ from canopy_ray.core.evidence import (Piece, TokenCounter, count_words, evidence
                                       render_evidence, truncate_newest_first)
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import Item, TableItem
+from canopy_ray.core.table_rules import table_kind
 from canopy_ray.models.llm.roles import (Outcome, RoleCall, arun_role, critic_call, reader_call, router_call,
                                          table_call)
 
@@ -54,6 +55,7 @@ class Settings:
     mode: str = "canopy"
     flat_m: int = 5  # leaves per item for mode "flat"
     classify_tables: bool = True
+    table_classifier: str = "llm"  # or "rules" (no LLM call) or "whole" (every table kept whole)
     followup: str = "topk"  # or "fill"; see Pipeline._retrieve
     router: bool = False  # CANOPY-dagger: an LLM picks the modalities to search
     table_preview: int = 0  # table rows the classifier sees (the paper: 0, the question alone)
@@ -74,7 +76,8 @@ class Settings:
         base = dict(context_tokens=context,k=cfg.retrieval.k, rounds=cfg.critic.rounds, branching=cfg.hierarchy.branching,
                     reader_token_cap=cfg.critic.reader_token_cap, video_token_cap=cfg.critic.video_token_cap,
                     flat_m=cfg.hierarchy.flat_m,
-                    classify_tables=cfg.critic.classify_tables, followup=cfg.retrieval.followup,
+                    classify_tables=cfg.critic.classify_tables, table_classifier=cfg.critic.table_classifier,
+                    followup=cfg.retrieval.followup,
                     router=cfg.critic.router, table_preview=cfg.critic.table_preview,
                     multimodal=cfg.llm.multimodal, max_images=cfg.llm.max_images, media_root=cfg.serve.media_root,
                     margin=cfg.margin)
@@ -131,8 +134,9 @@ class Answer:
             "question": self.question, "answer": None if self.answer_error and not self.answer else self.answer,
             "answer_error": self.answer_error, "rounds": self.rounds, "queries": self.queries,
             "retrieved": self.retrieved,
+            # ``text`` starts with ``head``, the item's title
             "evidence": [{"item_id": p.item_id, "modality": p.modality, "spans": [list(s) for s in p.spans],
-                          "round": p.round, "text": p.text} for p in self.evidence],
+                          "round": p.round, "text": p.text, "head": p.head} for p in self.evidence],
             "llm_calls": dict(self.llm_calls), "llm_calls_total": sum(self.llm_calls.values()),
             "llm_failures": dict(self.llm_failures), "tokens": self.tokens,
             "timings": {k: round(v, 6) for k, v in self.timings.items()},
@@ -260,10 +264,13 @@ class Pipeline:
 
     async def _aggregation_tables(self, ans: Answer, question: str, items: Sequence[Item],
                                   s: Settings) -> frozenset[str]:
-        """One classifier call per new table; aggregation questions keep the table whole."""
+        """Each new table's question classified (one LLM call each, or the rule, or none:
+        ``whole``); aggregation questions keep the table whole."""
         tables = [it for it in items if isinstance(it, TableItem)] if s.classify_tables and s.mode == "canopy" else []
-        if not tables:
-            return frozenset()
+        if not tables or s.table_classifier == "whole":
+            return frozenset(tb.id for tb in tables)
+        if s.table_classifier == "rules":
+            return frozenset(tb.id for tb in tables if table_kind(question) == "aggregation")
         outs = await asyncio.gather(*(self._llm(ans, table_call(question, _table_preview(tb, s.table_preview))) for tb in tables))
         return frozenset(tb.id for tb, o in zip(tables, outs) if o.value == "aggregation")
 

@@ -111,7 +111,9 @@ def _stage(name: str) -> str:
 def summarize(question: dict, response: dict, reader: str) -> dict:
     """What one question shows, on the console and in report.html."""
     gold = list(question.get("answers", []))
-    evidence = "\n".join(p["text"] for p in response.get("evidence", []))
+    pieces = response.get("evidence", [])
+    evidence = "\n".join(p["text"] for p in pieces)
+    body = "\n".join(p["text"][len(p.get("head", "")):] for p in pieces)  # titles left out
     answer, reason = judge_answer(response, evidence)
     tok = response.get("tokens", {})
     before, after = tok.get("before", 0), tok.get("after", 0)
@@ -119,7 +121,7 @@ def summarize(question: dict, response: dict, reader: str) -> dict:
     total = timings.pop("total", None)
     return {
         "question": question["question"], "gold": gold,
-        "recall": bool(gold) and bool(answer_recall(evidence, gold)),
+        "recall": bool(gold) and bool(answer_recall(body, gold)),
         "tokens": {"before": before, "after": after, "reader": tok.get("reader", 0),
                    "saved": 1 - after / before if before else 0.0, "encoded": tok.get("encoded"),
                    "nodes_encoded": tok.get("nodes_encoded"), "nodes_total": tok.get("nodes_total")},
@@ -136,7 +138,7 @@ def format_summary(v: dict) -> list[str]:
     t = v["tokens"]
     gold = ", ".join(v["gold"]) or "none given"
     lines = [f"\nQ: {v['question']}",
-             f"   gold answer in the kept evidence: {'yes' if v['recall'] else 'no'}   (gold: {gold})",
+             f"   gold answer in the kept evidence (titles aside): {'yes' if v['recall'] else 'no'}   (gold: {gold})",
              f"   tokens: {t['before']} retrieved -> {t['after']} kept ({t['saved']:.0%} fewer); "
              f"the reader read {t['reader']}"]
     if t["encoded"] is not None:
@@ -159,7 +161,7 @@ def format_totals(views: list[dict], reader: str, local: bool) -> list[str]:
     n = len(views)
     before = sum(v["tokens"]["before"] for v in views)
     after = sum(v["tokens"]["after"] for v in views)
-    lines = [f"\ngold answer in the kept evidence: {sum(v['recall'] for v in views)} of {n} questions "
+    lines = [f"\ngold answer in the kept evidence (titles aside): {sum(v['recall'] for v in views)} of {n} questions "
              f"({before} -> {after} tokens, {1 - after / before if before else 0:.0%} fewer)",
              f"reader answers that match a gold answer: {sum(v['correct'] for v in views)} of {n} ({reader})"]
     if local:

@@ -38,6 +38,16 @@ class TrainResult:
     best_qualifies: bool | None = None  # its gold recall >= f0's on every family
 
 
+def train_loop(config: dict) -> None:
+    """One Ray Train worker (``train_loop_per_worker``): LoRA over cached MiniLM states, or
+    the full Qwen3-VL recipe."""
+    if config.get("encoder") == "qwen3-vl":
+        from canopy_ray.train.qwen import QwenWorker as Worker
+    else:
+        from canopy_ray.train.loop import Worker
+    Worker(config).run()
+
+
 def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str | Path,
           name: str, out_dir: str | Path | None = None, *, max_steps: int | None = None,
           checkpoint_every: int | None = 100, limit: int | None = None,
@@ -64,7 +74,6 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
     from ray.train.torch import TorchTrainer
 
     from canopy_ray.train.lora import ADAPTER_FILES
-    from canopy_ray.train.loop import train_loop
     from canopy_ray.train.prepare import prepare
 
     t0 = time.perf_counter()

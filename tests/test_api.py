@@ -19,11 +19,15 @@ def test_import_is_light():
 
 
 @pytest.mark.integration
-def test_compress_takes_dicts_or_items_and_matches_the_compressor(minilm):
+def test_compress_takes_dicts_or_items_and_matches_the_compressor():
     query = "Which planet has 95 moons?"
     from_dicts = canopy_ray.compress(query, [ITEM], branching=3)
     from_items = canopy_ray.compress(query, [parse_item(ITEM)], branching=3)
-    expected = Compressor(minilm).compress(query, [parse_item(ITEM)], branching=3)
+    from canopy_ray.models.encoder import build_encoder
+
+    # the default is the CPU config, tuned adapter included
+    expected = Compressor(build_encoder(canopy_ray.load_config().models)).compress(query, [parse_item(ITEM)],
+                                                                                 branching=3)
     assert [r.kept for r in from_dicts] == [r.kept for r in from_items] == [r.kept for r in expected]
     assert from_dicts[0].scores == pytest.approx(expected[0].scores, abs=1e-5)
     assert len(from_dicts[0].tree.root.children) == 3  # B = 3 over 3 sentences

@@ -216,3 +216,15 @@ def test_table_classifier_sees_the_question_alone_by_default(local):
     _pipeline(local, client, k=5, rounds=1, table_preview=2).answer_sync("How many contract types?")
     (asked,) = [text for role, text in client.asked if role == "table"]
     assert "1,452" in asked and "1,496" not in asked  # two rows, not the third
+
+
+@pytest.mark.integration
+def test_table_classifier_rules_and_whole_make_no_llm_call(local):
+    for kind, question, whole in (("rules", "How many contract types are in the sales table?", True),
+                                  ("rules", "What were Fixed sales in 2019?", False),
+                                  ("whole", "What were Fixed sales in 2019?", True)):
+        client = Scripted(critic="unused", reader=json.dumps({"answer": "x"}), table="unused")
+        ans = _pipeline(local, client, k=10, table_classifier=kind).answer_sync(question)
+        (table,) = [r for r in ans.results if r.id == "sales"]
+        assert "table" not in _role_names(client)
+        assert (table.tree.root.children == ()) is whole

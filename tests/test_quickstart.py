@@ -3,13 +3,12 @@ fixture corpus), with the CPU reader and with an OpenAI-compatible server as rea
 
 import importlib.util
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from canopy_ray.config import ConfigError, load_config
+from tests.openai_stub import chat_handler, serving
 from canopy_ray.quickstart import (LOCAL_READER, format_summary, judge_answer, reader_override, render_report,
                                    summarize)
 
@@ -23,6 +22,15 @@ def _response(answer="1889", failures=None, evidence="The Eiffel Tower was built
             "llm_calls": {"critic": 1, "reader": 1}, "llm_failures": failures or {},
             "tokens": {"before": 100, "after": 25, "reader": 30, "encoded": 400, "nodes_encoded": 9, "nodes_total": 15},
             "timings": {"encode": 0.01, "search": 0.002, "compress": 0.2, "llm_reader": 1.5, "total": 1.8}}
+
+
+def test_an_answer_in_a_title_alone_is_not_kept_evidence():
+    q = {"question": "Which year names the film?", "answers": ["1889"]}
+    resp = _response(evidence="1889 (film): A silent short.")
+    resp["evidence"][0]["head"] = "1889 (film): "
+    assert summarize(q, resp, LOCAL_READER)["recall"] is False
+    resp["evidence"][0]["text"] += " It was shot in 1889."
+    assert summarize(q, resp, LOCAL_READER)["recall"] is True
 
 
 def test_an_unparsed_or_unsupported_reply_is_no_answer_with_the_reason():
@@ -39,7 +47,7 @@ def test_summary_lines_put_the_evidence_first_and_never_print_raw_text():
     q = {"question": "When was the Eiffel Tower built?", "answers": ["1889"]}
     lines = format_summary(summarize(q, _response(), LOCAL_READER))
     assert lines[0] == "\nQ: When was the Eiffel Tower built?"
-    assert lines[1].strip() == "gold answer in the kept evidence: yes   (gold: 1889)"
+    assert lines[1].strip() == "gold answer in the kept evidence (titles aside): yes   (gold: 1889)"
     assert lines[2].strip() == "tokens: 100 retrieved -> 25 kept (75% fewer); the reader read 30"
     assert lines[3].startswith("   node encoder: 9 of 15 nodes encoded now (400 tokens)")
     assert lines[4].strip() == ("time: encode 0.01 s, search 0.00 s, compress 0.20 s, reader LLM 1.50 s; "
@@ -47,7 +55,7 @@ def test_summary_lines_put_the_evidence_first_and_never_print_raw_text():
     assert lines[5].strip() == "answer (SmolLM2-135M, CPU): 1889   (matches a gold answer)"
     broken = summarize(q, _response(BROKEN, {"reader": 1}, "It was built in 2005."), LOCAL_READER)
     text = "\n".join(format_summary(broken))
-    assert "gold answer in the kept evidence: no" in text
+    assert "gold answer in the kept evidence (titles aside): no" in text
     assert "answer (SmolLM2-135M, CPU): no answer (the reader's reply was not the answer JSON" in text
     assert BROKEN not in text and "2005" not in text
 
@@ -61,51 +69,22 @@ def test_report_is_the_template_autoescaped():
     assert "gold answer in the kept evidence" in page and "reader answers that match a gold answer: 0 of 1" in page
 
 
-class _FakeOpenAI(BaseHTTPRequestHandler):
-    """An OpenAI-compatible server: one model; the critic is always satisfied; the reader
-    answers 1889 to when the Eiffel Tower was built and replies with broken text to anything else."""
+CALLS: list = []
 
-    calls: list = []
 
-    def log_message(self, *args):
-        pass
-
-    def _send(self, body: dict, status: int = 200):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        if self.path == "/v1/models":
-            self._send({"object": "list", "data": [{"id": "fake-reader", "object": "model"}]})
-        else:
-            self._send({"error": {"message": "not found"}}, 404)
-
-    def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        role = req["response_format"]["json_schema"]["name"].removeprefix("canopy_")
-        prompt = json.dumps(req["messages"])
-        self.calls.append((req["model"], role))
-        content = {"critic": json.dumps({"sufficient": True, "missing": "", "next_query": ""}),
-                   "table": json.dumps({"kind": "lookup"}),
-                   "reader": json.dumps({"answer": "1889"}) if "When was the Eiffel" in prompt else BROKEN}[role]
-        self._send({"id": "x", "object": "chat.completion", "model": req["model"],
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+def _fake_reply(req: dict) -> str:
+    role = req["response_format"]["json_schema"]["name"].removeprefix("canopy_")
+    prompt = json.dumps(req["messages"])
+    return {"critic": json.dumps({"sufficient": True, "missing": "", "next_query": ""}),
+            "table": json.dumps({"kind": "lookup"}),
+            "reader": json.dumps({"answer": "1889"}) if "When was the Eiffel" in prompt else BROKEN}[role]
 
 
 @pytest.fixture
 def fake_llm():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _FakeOpenAI.calls = []
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    CALLS.clear()
+    with serving(chat_handler(_fake_reply, CALLS, model="fake-reader")) as url:
+        yield url
 
 
 def test_llm_url_names_the_served_model(fake_llm):
@@ -141,7 +120,7 @@ def test_quickstart_indexes_serves_answers_and_writes_the_report(ray_local, tmp_
     assert "Q: When was the Eiffel Tower built?" in text and "[KEEP ]" in text
     assert "reader and critic: SmolLM2-135M, CPU" in text
     # what the engine guarantees comes first: the gold answer survived compression
-    assert "   gold answer in the kept evidence: yes   (gold: 1889)" in lines
+    assert "   gold answer in the kept evidence (titles aside): yes   (gold: 1889)" in lines
     t = resp["tokens"]
     assert f"   tokens: {t['before']} retrieved -> {t['after']} kept" in text
     assert (f"   node encoder: {t['nodes_encoded']} of {t['nodes_total']} nodes encoded now "
@@ -154,7 +133,7 @@ def test_quickstart_indexes_serves_answers_and_writes_the_report(ray_local, tmp_
         assert not resp["answer"].strip() or resp["answer"] not in answer_line
     else:
         assert view["answer"] == resp["answer"].strip() and view["answer"] in answer_line
-    assert "gold answer in the kept evidence: 1 of 1 questions" in text and "--llm-url URL" in text
+    assert "gold answer in the kept evidence (titles aside): 1 of 1 questions" in text and "--llm-url URL" in text
     page = (tmp_path / "report.html").read_text()
     assert page.count("<h3>") == 3 and 'class="kept"' in page
     assert "gold answer in the kept evidence" in page and "SmolLM2-135M, CPU" in page
@@ -179,7 +158,7 @@ def test_quickstart_with_an_openai_compatible_reader(ray_local, tmp_path, fake_l
     assert BROKEN not in text and "2005" not in text
     assert f"reader answers that match a gold answer: 1 of 2 ({reader})" in text
     assert "--llm-url URL" not in text  # the advice is for the CPU default only
-    assert {m for m, _ in _FakeOpenAI.calls} == {"fake-reader"}
-    assert sum(role == "reader" for _, role in _FakeOpenAI.calls) == 2
+    assert {req["model"] for _, req in CALLS} == {"fake-reader"}
+    assert sum(req["response_format"]["json_schema"]["name"] == "canopy_reader" for _, req in CALLS) == 2
     page = (tmp_path / "report.html").read_text()
     assert "<b>1889</b>" in page and "2005" not in page

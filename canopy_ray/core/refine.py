@@ -69,7 +69,8 @@ def score_lazily(roots: Sequence[Node], margin: float = 0.0) -> Generator[Ask, S
     """Algorithm 1's scores, asked for level by level: only the nodes refinement visits.
 
     A generator over several trees at once (``roots``): it yields the ``(tree, node)`` pairs
-    whose scores it needs next and is sent their scores. First every root, then the children
+    whose scores it needs next and is sent their scores. First every root that has children (a
+    single-node tree is kept whole without a score), then the children
     of every node that is explored (a root, or a child scoring >= its parent when the parent
     splits: some child scores >= it + ``margin``), and so on. It returns one
     ``{span: score}`` per tree, holding exactly the scores :func:`decisions` reads, so
@@ -77,12 +78,12 @@ def score_lazily(roots: Sequence[Node], margin: float = 0.0) -> Generator[Ask, S
     with :func:`drive` (or by hand, awaiting an encoder between levels).
     """
     scores: list[dict[Span, float]] = [{} for _ in roots]
-    ask: Ask = list(enumerate(roots))
-    got = yield ask
-    for (i, root), s in zip(ask, got, strict=True):
-        scores[i][root.span] = float(s)
-    explored: Ask = [(i, r) for i, r in ask if r.children]  # nodes whose children are asked next
-    while explored:
+    explored: Ask = [(i, r) for i, r in enumerate(roots) if r.children]  # a lone leaf is kept unscored
+    if explored:
+        got = yield explored
+        for (i, root), s in zip(explored, got, strict=True):
+            scores[i][root.span] = float(s)
+    while explored:  # nodes whose children are asked next
         ask = [(i, c) for i, n in explored for c in n.children]
         got = yield ask
         for (i, node), s in zip(ask, got, strict=True):

@@ -106,8 +106,4 @@ def _question(record: Any, sink: Sink) -> None:
 
 
 def convert_hotpotqa(records: Iterable[Any], sink: Sink) -> None:
-    for record in records:
-        try:
-            _question(record, sink)
-        except Malformed as e:
-            sink.skip(e.reason)
+    sink.each(records, lambda record: _question(record, sink))

@@ -63,12 +63,7 @@ def draw_candidates(gold_id: str, pool: list[str], qid: str, *, seed: int, n: in
 
 
 def convert_nq(records: Iterable[Any], sink: Sink, *, seed: int = 0, n_distractors: int = 9) -> None:
-    parsed = []
-    for index, record in enumerate(records):
-        try:
-            parsed.append(_parse(index, record))
-        except Malformed as e:
-            sink.skip(e.reason)
+    parsed = sink.each(enumerate(records), lambda indexed: _parse(*indexed))
     pool = list(dict.fromkeys(item["id"] for _, item, _ in parsed))
     by_id = {item["id"]: item for _, item, _ in parsed}
     for question, item, unlocated in parsed:

@@ -21,7 +21,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from canopy_ray.core.errors import CanopyError, ItemError
 from canopy_ray.core.items import item_to_dict, parse_item, parse_question, question_to_dict
@@ -150,6 +150,17 @@ class Sink:
 
     def note(self, reason: str, n: int = 1) -> None:
         self.report.notes[reason] += n
+
+    def each(self, records: Iterable[Any], convert: Callable[[Any], Any]) -> list:
+        """``convert(record)`` for every record, in order, the results kept; a record that
+        raises :class:`Malformed` is skipped and counted, never fatal."""
+        out = []
+        for record in records:
+            try:
+                out.append(convert(record))
+            except Malformed as e:
+                self.skip(e.reason)
+        return out
 
     def finish(self) -> tuple[list[dict], list[dict], ConvertReport]:
         """(items, questions, report); items in the order they first came as own items."""

@@ -256,8 +256,4 @@ def _question(q: Any, table_item: dict | None, para_items: dict[str, dict], cand
 
 
 def convert_tatqa(records: Iterable[Any], sink: Sink) -> None:
-    for doc in records:
-        try:
-            _document(doc, sink)
-        except Malformed as e:
-            sink.skip(e.reason)
+    sink.each(records, lambda doc: _document(doc, sink))

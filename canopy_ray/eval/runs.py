@@ -88,6 +88,8 @@ class EvalSet:
     questions: list[Question]
     items: dict[str, Item] = field(default_factory=dict)
     skipped: Counter = field(default_factory=Counter)
+    split: str | None = None
+    seed: int = 0
 
     @property
     def ids_digest(self) -> str:
@@ -143,7 +145,7 @@ def load_eval_set(name: str, questions_path: str | Path, corpus_path: str | Path
         if missing:
             raise ValueError(f"{len(missing)} questions name candidates missing from {corpus_path} "
                              f"(first: {missing[0].id})")
-    return EvalSet(name, chosen, items, +skipped)
+    return EvalSet(name, chosen, items, +skipped, split, seed)
 
 
 # ---------------------------------------------------------------- per-question records
@@ -299,6 +301,7 @@ class Runner:
 
         encoder = encoder or build_encoder(cfg.models)
         self.cfg, self.client, self.index, self.count_tokens = cfg, client, index, count_tokens
+        self.config_sha = hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:12]
         self.encoder = CachingEncoder(encoder)
         frozen = frozen_nodes(encoder)
         self.frozen_encoder = self.encoder if frozen is encoder else CachingEncoder(frozen)
@@ -429,7 +432,8 @@ class Runner:
         return {
             "spec": run_spec(eval_set, method, settings, setting, self.node_adapter_id(method),
                              getattr(self.client, "model", "")) | {"reader": reader,
-                                                                   "tokens_in": counter_name(self.cfg.llm)},
+                                                                   "tokens_in": counter_name(self.cfg.llm),
+                                                                   "config_sha": self.config_sha},
             "aggregate": aggregate(good),
             "errors": len(records) - len(good),
             "wall_s": round(time.perf_counter() - t0, 2),
@@ -440,9 +444,11 @@ class Runner:
 def run_spec(eval_set: EvalSet, method: Method, settings: Settings, setting: str, adapter_id: str,
              llm_model: str = "") -> dict:
     """What a run's results depend on; a sweep reruns a point only when this changes."""
+    candidates = Counter(len(q.candidates) for q in eval_set.questions)
     return {"dataset": eval_set.name, "method": method.name, "setting": setting, **dataclasses.asdict(settings),
-            "node_adapter": adapter_id, "llm_model": llm_model,
-            "n_questions": len(eval_set.questions), "question_ids": eval_set.ids_digest}
+            "node_adapter": adapter_id, "llm_model": llm_model, "split": eval_set.split, "seed": eval_set.seed,
+            "n_questions": len(eval_set.questions), "question_ids": eval_set.ids_digest,
+            "candidates": {str(k): v for k, v in sorted(candidates.items())}}
 
 
 def comparison(runs: Mapping[str, dict], baseline: str = "canopy", metrics: Sequence[str] = METRICS) -> dict:

@@ -37,6 +37,7 @@ from canopy_ray.config import CanopyConfig
 from canopy_ray.core.files import atomic_path, sha256_files, write_json, write_jsonl
 from canopy_ray.index import manifest
 from canopy_ray.index.ingest import SliceEmbedder, corpus_files, split_corpus
+from canopy_ray.models.adapters import model_id
 
 log = logging.getLogger("canopy_ray.index.job")
 
@@ -47,13 +48,6 @@ PART_COLUMNS = ("shard", "row", "file", "line", "id", "modality", "reason", "mes
 
 class IndexJobError(RuntimeError):
     pass
-
-
-def model_id(cfg: CanopyConfig) -> str:
-    """The base model's name as encoders report it (``Encoder.model_id``)."""
-    if cfg.models.encoder_path:
-        return Path(cfg.models.encoder_path).name
-    return {"minilm": "all-MiniLM-L6-v2", "qwen3-vl": "Qwen3-VL-Embedding-2B"}[cfg.models.encoder]
 
 
 def _settings(cfg: CanopyConfig, media_root: Path) -> dict:

@@ -122,7 +122,7 @@ def check_encoder(root: str | Path, manifest: dict, cfg) -> None:
     """Refuse an index whose vectors another encoder made: item vectors from another base
     model (search would rank by unrelated vectors) or a node store from another adapter than
     ``cfg.models.adapter`` (every cached node vector would be stale)."""
-    from canopy_ray.index.job import model_id
+    from canopy_ray.models.adapters import model_id
     from canopy_ray.models.adapters import adapter_id
 
     path = Path(root) / MANIFEST

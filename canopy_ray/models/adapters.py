@@ -25,6 +25,13 @@ def adapter_id(adapter_dir: str | Path | None) -> str:
     return adapter_fingerprint(adapter_dir) if adapter_dir else FROZEN
 
 
+def model_id(cfg) -> str:
+    """The base model's name as encoders report it (``Encoder.model_id``), from a config."""
+    if cfg.models.encoder_path:
+        return Path(cfg.models.encoder_path).name
+    return {"minilm": "all-MiniLM-L6-v2", "qwen3-vl": "Qwen3-VL-Embedding-2B"}[cfg.models.encoder]
+
+
 @dataclass(frozen=True)
 class EncoderIdentity:
     """What a vector store checks against (``NodeStore.usable_for``), without the model."""

@@ -23,6 +23,7 @@ import torch
 
 from canopy_ray.core.evidence import Piece
 from canopy_ray.models.adapters import FROZEN, adapter_id
+from canopy_ray.models.batching import length_batches
 
 
 class Encoder(Protocol):
@@ -57,18 +58,6 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(pooled, dim=-1)
 
 
-def length_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None) -> list[list[int]]:
-    """Indices into ``lengths`` (token counts), longest first, cut so that a batch has at most
-    ``max_rows`` rows and ``max_tokens`` padded tokens (rows x its longest; one row at least)."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
-    out, at = [], 0
-    while at < len(order):
-        rows = max_rows if not max_tokens else max(1, min(max_rows, max_tokens // max(1, lengths[order[at]])))
-        out.append(order[at:at + rows])
-        at += rows
-    return out
-
-
 class TextEncoder:
     """A BERT-style sentence encoder with optional LoRA for nodes.
 
@@ -93,7 +82,7 @@ class TextEncoder:
         if backend != "torch" and torch.device(device).type != "cpu":
             raise ValueError(f"backend {backend!r} runs on CPU only; use backend 'torch' on {device}")
         model_dir = Path(model_dir) if model_dir else packaged_minilm_dir()
-        # the name the index manifest records (canopy_ray.index.job.model_id), so its node store matches
+        # the name the index manifest records (canopy_ray.models.adapters.model_id), so its node store matches
         self.model_id = "all-MiniLM-L6-v2" if model_dir == packaged_minilm_dir() else model_dir.name
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         model = AutoModel.from_pretrained(model_dir, local_files_only=True)

@@ -39,7 +39,7 @@ import torch
 
 from canopy_ray.core.evidence import Piece
 from canopy_ray.models.adapters import adapter_id
-from canopy_ray.models.encoder import length_batches
+from canopy_ray.models.batching import length_batches
 
 DOC_INSTRUCTION = "Represent the user's input."
 QUERY_INSTRUCTION = "Retrieve text, tables, images or video segments that help answer the question."

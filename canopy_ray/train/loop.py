@@ -1,6 +1,6 @@
 """The Ray Train loop: LoRA on the node encoder against frozen f0 query vectors.
 
-``train_loop(config)`` runs on every Ray Train worker. ``config`` (the data part built by
+:class:`Worker` runs on every Ray Train worker (:func:`canopy_ray.trainer.train_loop`). ``config`` (the data part built by
 :func:`canopy_ray.train.prepare.prepare`, plus ``max_steps``, ``checkpoint_every`` and
 ``time_budget_s`` from :func:`canopy_ray.trainer.train`) carries the training section, the
 encoder directory, the f0 query vectors (computed once, without gradients, before
@@ -75,7 +75,7 @@ def cached_loss(top, states, offsets, queries: torch.Tensor, instances, rows: Se
     return batch_loss(queries[list(q_rows)], node_vecs, groups, lam)
 
 
-def _eval_mode_except_lora_dropout(model) -> None:
+def eval_mode_except_lora_dropout(model) -> None:
     """Train mode for the LoRA dropout only: the base model's own dropout stays off, as in
     the cached bottom layers (frozen, deterministic)."""
     model.train()
@@ -84,7 +84,7 @@ def _eval_mode_except_lora_dropout(model) -> None:
             m.eval()
 
 
-class _Worker:
+class Worker:
     """One Ray Train worker: LoRA on the top ``lora_layers`` layers, trained on cached
     bottom-layer states (:mod:`canopy_ray.train.cached`)."""
 
@@ -147,7 +147,7 @@ class _Worker:
                 self.state = load_checkpoint(self.model, self.optimizer, d)
         self.start_step = self.state.step
         self.top = ray.train.torch.prepare_model(TopEncoder(self.model, n_bottom))
-        _eval_mode_except_lora_dropout(self.model)
+        eval_mode_except_lora_dropout(self.model)
 
     def checkpoint(self):
         """The run's newest checkpoint Ray Train registered, else the one the trainer found
@@ -231,7 +231,7 @@ class _Worker:
         self.model.eval()
         with torch.no_grad():
             vecs = self.encode_part(self.val, self.v_states, self.v_offsets)
-        _eval_mode_except_lora_dropout(self.model)
+        eval_mode_except_lora_dropout(self.model)
         return decision_accuracy(vecs, self.v_queries, self.val["instances"])
 
     def gold_report(self, adapter: bool = True) -> dict:
@@ -245,7 +245,7 @@ class _Worker:
         ctx = contextlib.nullcontext() if adapter else self.model.disable_adapter()
         with torch.no_grad(), ctx:
             vecs = self.encode_part(self.gold_val, self.g_states, self.g_offsets)
-        _eval_mode_except_lora_dropout(self.model)
+        eval_mode_except_lora_dropout(self.model)
         return score_report(self.gold_val["items"], vecs.float().cpu().numpy(),
                             self.g_queries.numpy())
 
@@ -347,13 +347,3 @@ def _part_arrays(part: dict):
         return None, None, queries
     sp, op = part["bottom"]
     return np.load(sp, mmap_mode="r"), np.load(op), queries
-
-
-def train_loop(config: dict) -> None:
-    """One Ray Train worker (the ``train_loop_per_worker`` of :class:`TorchTrainer`)."""
-    if config.get("encoder") == "qwen3-vl":
-        from canopy_ray.train.qwen import QwenWorker
-
-        QwenWorker(config).run()
-    else:
-        _Worker(config).run()

@@ -1,7 +1,7 @@
 """What the Ray Train workers get, computed once on the driver before training starts.
 
 :func:`prepare` turns the canonical data directories into the data part of the loop
-config (:func:`canopy_ray.train.loop.train_loop`):
+config (:func:`canopy_ray.trainer.train_loop`):
 
 - the ``train`` instances (the first ``limit``, then ``training.subsample`` seeded random
   ones) and up to ``training.val_instances`` seeded random ``validation`` instances;
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -29,10 +29,9 @@ def prepare(cfg: CanopyConfig, data_dirs: dict[str, str | Path], run_dir: str | 
             limit: int | None = None, cache_dir: str | Path | None = None) -> dict:
     """The loop config's data: ``training``, ``encoder_path``, ``queries``, ``bottom``,
     ``instances`` (the train part), ``val`` (the same keys for validation, or None) and
-    ``gold_val`` (:func:`canopy_ray.train.validation.gold_part`, or None). The caches go to
+    ``gold_val`` (:func:`gold_part`, or None). The caches go to
     ``cache_dir`` (default ``run_dir``; runs that share it compute each cache once)."""
     from canopy_ray.train.lora import load_base
-    from canopy_ray.train.validation import gold_part
 
     run_dir = Path(cache_dir or run_dir)
     instances = train_instances(cfg, data_dirs, limit)
@@ -64,6 +63,27 @@ def node_part(cfg: CanopyConfig, texts: list[str], run_dir: Path, tok, base) -> 
     bottom = cache_bottom(base, tok, texts, n_bottom, cfg.training.max_length, run_dir,
                           tag=str(cfg.models.encoder_path), batch_size=cfg.models.batch_size)
     return {"bottom": tuple(str(Path(p).resolve()) for p in bottom)}
+
+
+def gold_part(cfg, data_dirs: Mapping[str, str | Path], run_dir: Path, tok, base) -> dict | None:
+    """The loop's gold validation: f0 query vectors, bottom states of every node text of the
+    sampled items at ``models.max_length`` (the inference length) and the item rows."""
+    from canopy_ray.eval.refinement import collect
+    from canopy_ray.train.validation import gold_rows, sample_gold
+
+    tc = cfg.training
+    if tc.val_items == 0:
+        return None
+    gold = sample_gold(collect(data_dirs, "validation", cfg.hierarchy.branching), tc.val_items,
+                       tc.seed + 2)
+    if not gold:
+        return None
+    queries, texts, items = gold_rows(gold)
+    # scored at the inference token length (models.max_length), not the training cap
+    at_inference = cfg.model_copy(update={"training": tc.model_copy(
+        update={"max_length": cfg.models.max_length})})
+    return {"queries": f0_queries(cfg, queries, run_dir),
+            **node_part(at_inference, texts, run_dir, tok, base), "items": items}
 
 
 def train_instances(cfg: CanopyConfig, data_dirs: dict[str, str | Path],

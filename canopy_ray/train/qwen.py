@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from canopy_ray.train.loop import _Worker, _eval_mode_except_lora_dropout
+from canopy_ray.train.loop import Worker, eval_mode_except_lora_dropout
 
 # q/k/v/o and the MLP of every language-model layer; ``visual.`` never matches
 LANGUAGE_TARGETS = r".*language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
@@ -92,7 +92,7 @@ def _truncate(ids, max_length, special):
     return truncate_keep_special(ids, max_length, special)
 
 
-class QwenWorker(_Worker):
+class QwenWorker(Worker):
     """The Ray Train worker for Qwen3-VL: full forward per step (no cached states)."""
 
     def _setup_model(self, t: dict, encoder_path) -> None:
@@ -119,7 +119,7 @@ class QwenWorker(_Worker):
         self.start_step = self.state.step
         self.nodes = LastTokenNodes(self.encoder, self.model, int(t["max_length"]))
         self.top = ray.train.torch.prepare_model(self.nodes, move_to_device=False)
-        _eval_mode_except_lora_dropout(self.model)
+        eval_mode_except_lora_dropout(self.model)
 
     def _texts(self, part: dict, rows: Sequence[int]) -> list[str]:
         return [part["texts"][r] for r in rows]

@@ -10,8 +10,9 @@ least f0's (minus ``training.recall_tolerance``). The best checkpoint is the qua
 with the highest decision accuracy over all families; when none qualifies, the one with
 the highest gold recall (``fallback``). f0 itself (step 0) is the reference, not a candidate.
 
-:func:`gold_part` builds the loop's view (node texts cached below the LoRA layers);
-:func:`score_report`, :func:`qualifies`, :func:`rank_key` and :func:`best_entry` are pure.
+:func:`canopy_ray.train.prepare.gold_part` builds the loop's view of the sample (node texts
+cached below the LoRA layers); :func:`score_report`, :func:`qualifies`, :func:`rank_key` and
+:func:`best_entry` are pure.
 """
 
 from __future__ import annotations
@@ -57,27 +58,6 @@ def gold_rows(gold: Sequence[GoldItem]) -> tuple[list[str], list[str], list[tupl
                      for n in gi.tree.nodes())
         items.append((family(gi.dataset), q_row[gi.question.question], gi.tree.root, gi.gold, rows))
     return queries, list(t_row), items
-
-
-def gold_part(cfg, data_dirs: Mapping[str, str | Path], run_dir: Path, tok, base) -> dict | None:
-    """The loop's gold validation: f0 query vectors, bottom states of every node text of the
-    sampled items at ``models.max_length`` (the inference length) and the item rows."""
-    from canopy_ray.eval.refinement import collect
-    from canopy_ray.train.prepare import f0_queries, node_part
-
-    tc = cfg.training
-    if tc.val_items == 0:
-        return None
-    gold = sample_gold(collect(data_dirs, "validation", cfg.hierarchy.branching), tc.val_items,
-                       tc.seed + 2)
-    if not gold:
-        return None
-    queries, texts, items = gold_rows(gold)
-    # scored at the inference token length (models.max_length), not the training cap
-    at_inference = cfg.model_copy(update={"training": tc.model_copy(
-        update={"max_length": cfg.models.max_length})})
-    return {"queries": f0_queries(cfg, queries, run_dir),
-            **node_part(at_inference, texts, run_dir, tok, base), "items": items}
 
 
 def score_report(items: Sequence[tuple], node_vecs: np.ndarray, queries: np.ndarray) -> dict:

@@ -2,62 +2,35 @@
 OpenAI-compatible server (a real HTTP server on 127.0.0.1 answering like the scripted client)."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from tests.eval.conftest import CORPUS, QUESTIONS
 from tests.eval.scripted import ScriptedClient
+from tests.openai_stub import chat_handler, serving
 
 
-class _Server(BaseHTTPRequestHandler):
-    calls: list = []
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, body: dict):
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        self._send({"object": "list", "data": [{"id": "served-model", "object": "model"}]})
-
-    def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.calls.append((self.path, req["model"], req["response_format"]["json_schema"]["name"]))
-        content = ScriptedClient()._reply(req["messages"], req["response_format"])
-        self._send({"id": "x", "object": "chat.completion", "model": req["model"],
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+CALLS: list = []
 
 
 @pytest.fixture
 def served():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Server.calls = []
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    CALLS.clear()
+    with serving(chat_handler(lambda req: ScriptedClient()._reply(req["messages"], req["response_format"]),
+                              CALLS)) as url:
+        yield url
 
 
 @pytest.mark.integration
 def test_eval_sends_reader_and_critic_to_the_llm_url(served, tmp_path):
     from canopy_ray.cli import main
 
-    rc = main(["eval", "--questions", str(QUESTIONS), "--corpus", str(CORPUS), "--method", "canopy,random",
+    rc = main(["eval", "--questions", str(QUESTIONS), "--corpus", str(CORPUS), "--method", "canopy,random", "--k", "2",
                "--n", "2", "--llm-url", served, "--out", str(tmp_path / "ev")])
     assert rc == 0
-    roles = {name for _, _, name in _Server.calls}
+    roles = {req["response_format"]["json_schema"]["name"] for _, req in CALLS}
     assert {"canopy_reader", "canopy_critic"} <= roles
-    assert {(path, model) for path, model, _ in _Server.calls} == {("/v1/chat/completions", "served-model")}
+    assert {(path, req["model"]) for path, req in CALLS} == {("/v1/chat/completions", "served-model")}
     for method in ("canopy", "random"):
         run = json.loads((tmp_path / "ev" / f"eval_{method}.json").read_text())
         assert run["spec"]["llm_model"] == "served-model" and run["errors"] == 0

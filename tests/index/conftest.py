@@ -12,7 +12,7 @@ CORPUS = FIXTURES / "corpus.jsonl"
 
 
 def index_config(**index):
-    return load_config(None, retrieval={"shards": 3, "index_type": "sq_fp16"},
+    return load_config(None, models={"adapter": None}, retrieval={"shards": 3, "index_type": "sq_fp16"},
                        index={"actors": 1, "shard_items": 4, "batch_items": 4, **index})
 
 

@@ -44,6 +44,25 @@ def test_client_compress_matches_in_process_compress(client, cfg):
         assert canopy_ray.token_report(light) == canopy_ray.token_report(local)
 
 
+def test_the_default_in_process_compresses_as_the_served_app(client):
+    # one default: no config in process is the served CPU default, tuned adapter included
+    local = canopy_ray.compress(QUERY, ITEMS)
+    served = client.compress(QUERY, ITEMS, explain=True)
+    frozen = canopy_ray.compress(QUERY, ITEMS, config=canopy_ray.load_config(models={"adapter": None}))
+    assert [r.kept for r in local] == [e.kept for e in served]
+    for r, e in zip(local, served, strict=True):
+        assert e.scores == pytest.approx(r.scores, abs=1e-4)
+    assert any(f.scores != pytest.approx(r.scores, abs=1e-4) for f, r in zip(frozen, local))  # f_theta is not f0
+
+
+def test_the_margin_travels_with_the_request(client):
+    wide = client.compress(QUERY, ITEMS, margin=1.0, explain=True)
+    assert [r.kept for r in wide] == [[r.tree.root.span] for r in wide]  # nothing beats a node by 1.0
+    for margin in (0.0, 0.02):
+        local = canopy_ray.compress(QUERY, ITEMS, margin=margin)
+        assert [r.kept for r in local] == [r.kept for r in client.compress(QUERY, ITEMS, margin=margin)]
+
+
 def test_client_errors_and_answer(client):
     with pytest.raises(ServiceError) as e:
         client.compress(QUERY, [dict(ITEMS[0], id=str(i)) for i in range(9)])

@@ -13,8 +13,6 @@ import base64
 import io
 import json
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,7 @@ from canopy_ray.core.items import parse_item
 from canopy_ray.models.llm import client_from_config, reader_call
 from canopy_ray.models.llm.vision import MediaError, media_path, read_frames
 from canopy_ray.pipeline import LocalBackends, MemoryRetriever, Pipeline, Settings
+from tests.openai_stub import chat_handler, serving
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "index"
 IMAGE_SIZE = (80, 36)  # (width, height): not the video's 64 x 48, so the two cannot be confused
@@ -35,38 +34,14 @@ REPLIES = {"canopy_critic": {"sufficient": True, "missing": "", "next_query": ""
 
 
 class Recorder:
-    """An OpenAI-compatible /v1/chat/completions that records requests and decodes image parts."""
+    """An OpenAI-compatible /v1/chat/completions on 127.0.0.1 that records its requests."""
 
-    def __init__(self):
-        self.requests: list[dict] = []
-        recorder = self
+    def __init__(self, url: str, calls: list):
+        self.url, self._calls = url, calls
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                recorder.requests.append(body)
-                name = (body.get("response_format") or {}).get("json_schema", {}).get("name", "")
-                reply = {"id": "x", "object": "chat.completion", "model": body["model"],
-                         "choices": [{"index": 0, "finish_reason": "stop",
-                                      "message": {"role": "assistant", "content": json.dumps(REPLIES[name])}}],
-                         "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
-                data = json.dumps(reply).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+    @property
+    def requests(self) -> list[dict]:
+        return [req for _, req in self._calls]
 
 
 def decoded(content) -> list[tuple[str, np.ndarray, bytes]]:
@@ -109,11 +84,16 @@ ITEMS = [
 ]
 
 
+# one more candidate than k: the first round leaves it unseen, so the critic is asked
+FILLER = {"id": "filler", "modality": "text", "title": "Tax law", "sentences": ["Tax rates differ by country."]}
+
+
 def run(minilm, media, url, **llm):
     cfg = load_config(None, llm={"backend": "openai", "url": url, "model": "vl", **llm},
-                      serve={"media_root": str(media)}, critic={"rounds": 2, "classify_tables": False})
+                      serve={"media_root": str(media)}, critic={"rounds": 2, "classify_tables": False},
+                      retrieval={"k": len(ITEMS)})
     comp = Compressor(minilm)
-    items = [parse_item(o) for o in ITEMS]
+    items = [parse_item(o) for o in [*ITEMS, FILLER]]
     pipeline = Pipeline(LocalBackends(minilm, MemoryRetriever(items, minilm, comp), comp, client_from_config(cfg.llm)),
                         Settings.from_config(cfg))
     return pipeline.answer_sync("What is the cat doing?")
@@ -121,9 +101,10 @@ def run(minilm, media, url, **llm):
 
 @pytest.fixture
 def recorder():
-    r = Recorder()
-    yield r
-    r.close()
+    calls: list = []
+    reply = lambda req: json.dumps(REPLIES[req["response_format"]["json_schema"]["name"]])  # noqa: E731
+    with serving(chat_handler(reply, calls)) as url:
+        yield Recorder(url, calls)
 
 
 def expected_pictures(evidence, media):

@@ -43,7 +43,14 @@ TINY_ITEMS = [
 ]
 
 
+def tiny_items(groups: int = 10) -> list[dict]:
+    """The tiny items, one copy per group of questions (its own title, so its own document):
+    the document-level split then has documents to send to train, validation and test."""
+    return [{**it, "id": f"{it['id']}:{g}", "title": f"{it['title']} {g}"} for g in range(groups) for it in TINY_ITEMS]
+
+
 def tiny_questions(n: int = 24) -> list[dict]:
+    """``n`` questions over :func:`tiny_items`: each group of four asks of one copy."""
     templates = [
         ("How long is the Alpha river?", "t:a", [2]),
         ("Where was Beta born?", "t:b", [1]),
@@ -53,6 +60,7 @@ def tiny_questions(n: int = 24) -> list[dict]:
     out = []
     for k in range(n):
         q, item, leaves = templates[k % len(templates)]
+        item = f"{item}:{k // len(templates) % 10}"
         out.append({"id": f"q{k}", "question": f"{q} ({k})", "answers": ["x"],
                     "gold": [{"item_id": item, "leaves": leaves}], "candidates": [item]})
     return out
@@ -62,7 +70,7 @@ def tiny_questions(n: int = 24) -> list[dict]:
 def tiny_data_dir(tmp_path):
     d = tmp_path / "tiny"
     d.mkdir()
-    (d / "corpus.jsonl").write_text("".join(json.dumps(i) + "\n" for i in TINY_ITEMS))
+    (d / "corpus.jsonl").write_text("".join(json.dumps(i) + "\n" for i in tiny_items()))
     (d / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in tiny_questions()))
     return d
 
@@ -103,3 +111,15 @@ def local_ray():
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     yield
     ray.shutdown()
+
+
+def train_then_resume(cfg, data, runs, name, out, first_steps: int, total_steps: int):
+    """Train ``first_steps``, then run the same command again to ``total_steps``: the second run
+    must resume where the first stopped (checked here) and write its adapter to ``out``."""
+    from canopy_ray.trainer import train
+
+    first = train(cfg, data, runs, name, max_steps=first_steps, checkpoint_every=1)
+    assert (first.steps, first.start_step) == (first_steps, 0)
+    second = train(cfg, data, runs, name, out, max_steps=total_steps, checkpoint_every=1)
+    assert (second.steps, second.start_step) == (total_steps, first_steps)
+    return first, second

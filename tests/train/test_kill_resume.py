@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.jobs.processes import KillableJob
-from tests.train.conftest import TINY_ITEMS, tiny_questions
+from tests.train.conftest import TINY_ITEMS, tiny_items, tiny_questions
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def registered_step(run_dir: Path) -> int | None:
 def setup(tmp_path):
     data = tmp_path / "data" / "hotpotqa"  # a shared-set name, already converted: used as is
     data.mkdir(parents=True)
-    (data / "corpus.jsonl").write_text("".join(json.dumps(i) + "\n" for i in TINY_ITEMS))
+    (data / "corpus.jsonl").write_text("".join(json.dumps(i) + "\n" for i in tiny_items()))
     (data / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in tiny_questions(40)))
     cfg = yaml.safe_load((ROOT / "configs" / "cpu.yaml").read_text())
     # no dropout: the resumed steps are then a function of the restored state alone; no choice

@@ -12,6 +12,7 @@ from canopy_ray.config import load_config
 from canopy_ray.core.evidence import Piece
 from canopy_ray.models.qwen3vl import Qwen3VLEncoder, build_tiny_qwen3vl
 from canopy_ray.train.qwen import LastTokenNodes, enable_checkpointing, qwen_lora
+from tests.train.conftest import train_then_resume
 
 pytestmark = pytest.mark.integration
 
@@ -53,19 +54,12 @@ def test_lora_on_the_language_model_only_and_the_loss_falls(tiny_qwen):
 
 def test_ray_train_resumes_and_the_adapter_changes_node_vectors_only(
         local_ray, tiny_qwen, tiny_data_dir, tmp_path):
-    from canopy_ray.trainer import train
-
     cfg = load_config(None, models={"encoder": "qwen3-vl", "encoder_path": str(tiny_qwen),
                                     "max_length": 96, "device": "cpu"},
                       training={"workers": 1, "batch_size": 4, "epochs": 2, "lr": 5e-3,
                                 "max_length": 64, "val_instances": 0, "val_items": 6,
                                 "schedule": "cosine", "warmup": 0.25, "use_gpu": False})
-    data = {"tiny": tiny_data_dir}
-    first = train(cfg, data, tmp_path / "runs", "q", max_steps=2, checkpoint_every=1)
-    assert (first.steps, first.start_step) == (2, 0)
-    second = train(cfg, data, tmp_path / "runs", "q", tmp_path / "adapter", max_steps=3,
-                   checkpoint_every=1)
-    assert (second.steps, second.start_step) == (3, 2)
+    train_then_resume(cfg, {"tiny": tiny_data_dir}, tmp_path / "runs", "q", tmp_path / "adapter", 2, 3)
     curve = json.loads((tmp_path / "runs" / "q" / "curve.json").read_text())["curve"]
     assert [e["step"] for e in curve] == [0, 1, 2, 3]
     adapter_cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())

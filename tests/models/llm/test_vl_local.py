@@ -185,13 +185,14 @@ def test_pipeline_sends_its_kept_pictures(client, media, minilm):
 
     cfg = load_config(None, llm={"backend": "local-vl", "model_dir": str(client.backend.model_dir),
                                  "multimodal": True}, serve={"media_root": str(media)},
-                      critic={"rounds": 2, "classify_tables": False})
-    items = [parse_item(o) for o in [
+                      critic={"rounds": 2, "classify_tables": False}, retrieval={"k": 3})
+    items = [parse_item(o) for o in [  # k = 3 of 4: the critic is asked (an unseen candidate is left)
         {"id": "cat", "modality": "image", "title": "Cat", "path": "cat.png", "caption": "a grey cat on a sofa"},
         {"id": "clip", "modality": "video", "title": "Test pattern", "path": "clip.mp4", "duration_s": 70,
          "transcript": [{"start": 0, "end": 30, "text": "a cat walks in"},
                         {"start": 30, "end": 70, "text": "it sleeps"}]},
-        {"id": "text", "modality": "text", "title": "Cats", "sentences": ["Cats sleep a lot.", "They purr."]}]]
+        {"id": "text", "modality": "text", "title": "Cats", "sentences": ["Cats sleep a lot.", "They purr."]},
+        {"id": "filler", "modality": "text", "title": "Tax law", "sentences": ["Tax rates differ by country."]}]]
     comp = Compressor(minilm)
     proc = client.backend.processor
     before = len(proc.calls)

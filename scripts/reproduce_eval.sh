@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Rebuild every table under results/eval from the shared data sets, on the document-level test split.
+#   bash scripts/reproduce_eval.sh [SHARED_DATA]      (default ../shared/data)
+# Steps (each resumable: converted sets, the index and the LLM reply cache are kept in runs/):
+#   1. convert HotpotQA (dev700 + train100, one set), NQ (9 distractors, seed 0) and TAT-QA into runs/data/;
+#   2. given setting: every test question of each set, canopy / no_projection / random / flat_matched,
+#      reader skipped (answer recall is reader-free);
+#   3. open setting: one index of the three corpora (runs/eval-index/all), 60 test questions per set;
+#   4. canopy report results/eval (results.md, pareto.md and the PNGs).
+# Every run JSON's spec records the split, seed, n, candidate counts, config hash and adapter id.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHARED=${1:-../shared/data}
+CONFIG=${CONFIG:-configs/cpu.yaml}
+METHODS=canopy,no_projection,random,flat_matched
+OPEN_N=${OPEN_N:-60}
+C=.venv/bin/canopy
+
+$C data convert --format hotpotqa "$SHARED/hotpotqa/hotpotqa_distractor_dev700.jsonl" \
+    "$SHARED/hotpotqa/hotpotqa_train100.json" runs/data/hotpotqa
+$C data convert --format nq --n-distractors 9 --seed 0 "$SHARED/nq/nq_open_oracle_1655.jsonl.gz" runs/data/nq
+$C data convert --format tatqa "$SHARED/tatqa/tatqa_dev.json" runs/data/tatqa
+
+for set in hotpotqa nq tatqa; do
+    $C eval --config "$CONFIG" --questions runs/data/$set/questions.jsonl --corpus runs/data/$set/corpus.jsonl \
+        --dataset $set --split test --no-reader --llm-cache runs/llm.sqlite --method $METHODS \
+        --out results/eval/given/$set
+done
+
+mkdir -p runs/eval-corpus
+cat runs/data/{hotpotqa,nq,tatqa}/corpus.jsonl > runs/eval-corpus/all.jsonl
+$C index --config "$CONFIG" --corpus runs/eval-corpus/all.jsonl --out runs/eval-index/all
+for set in hotpotqa nq tatqa; do
+    $C eval --config "$CONFIG" --questions runs/data/$set/questions.jsonl --setting open --index runs/eval-index/all \
+        --dataset $set --split test --n "$OPEN_N" --no-reader --llm-cache runs/llm.sqlite --method $METHODS \
+        --out results/eval/open/$set
+done
+
+$C report results/eval
