@@ -11,11 +11,11 @@ of the top k were already there is recorded), classify each new table once from 
 question (aggregation keeps it whole), refine every new item against q_t, append the kept
 regions, truncate newest-first to the reader cap and ask the critic. Then the reader
 answers from the evidence. The cap never lets a prompt outgrow the LLM's context
-(``context_tokens``): it is lowered to the context less the prompt's own tokens and the answer's,
+(``context_tokens``): it is lowered to the context less the prompt's own tokens and the reply's,
 so an evidence too long is cut newest-first, never sent to fail. When the retriever holds no
 item the evidence lacks (a small candidate set, all retrieved), no follow-up can change the
-evidence, so the critic is not asked: the reader answers. With a multimodal LLM (``llm.multimodal``) critic and reader also
-see the kept images and the frames of kept video segments as pixels, read under
+evidence, so the critic is not asked: the reader answers. With a multimodal LLM
+(``llm.multimodal``) critic and reader also see the kept images and the frames of kept video segments as pixels, read under
 ``serve.media_root``, at most ``llm.max_images`` per prompt (newest evidence first); a text-only
 LLM gets the same messages as ever (captions, transcripts, frame times as text).
 """
@@ -73,14 +73,14 @@ class Settings:
         if context and cfg.critic.reader_token_cap > context:
             log.info("critic.reader_token_cap %d is larger than the LLM's context (%d tokens): the evidence "
                      "is cut to the context less the prompt and the answer", cfg.critic.reader_token_cap, context)
-        base = dict(context_tokens=context,k=cfg.retrieval.k, rounds=cfg.critic.rounds, branching=cfg.hierarchy.branching,
+        base = dict(k=cfg.retrieval.k, rounds=cfg.critic.rounds, branching=cfg.hierarchy.branching,
                     reader_token_cap=cfg.critic.reader_token_cap, video_token_cap=cfg.critic.video_token_cap,
                     flat_m=cfg.hierarchy.flat_m,
                     classify_tables=cfg.critic.classify_tables, table_classifier=cfg.critic.table_classifier,
                     followup=cfg.retrieval.followup,
                     router=cfg.critic.router, table_preview=cfg.critic.table_preview,
                     multimodal=cfg.llm.multimodal, max_images=cfg.llm.max_images, media_root=cfg.serve.media_root,
-                    margin=cfg.margin)
+                    margin=cfg.margin, context_tokens=context)
         return cls(**(base | {k: v for k, v in overrides.items() if v is not None}))
 
 

@@ -67,7 +67,8 @@ from canopy_ray.pipeline import Answer, LocalBackends, MemoryRetriever, Pipeline
 SETTINGS = ("given", "open")
 STAGES = ("encode", "search", "fetch", "compress", "llm_critic", "llm_reader", "llm_table", "total")
 # Metrics aggregated per run, in report order; ``higher`` says which direction is better.
-METRICS = ("em", "f1", "answer_recall", "answer_recall_informative", "answer_recall_titled", "refinement_recall", "evidence_recall", "retrieval_recall", "tokens", "tokens_before",
+METRICS = ("em", "f1", "answer_recall", "answer_recall_informative", "answer_recall_titled", "refinement_recall",
+           "evidence_recall", "retrieval_recall", "tokens", "tokens_before",
            "tokens_after", "nodes_encoded", "encoded_tokens", "llm_calls", "llm_failures", "rounds",
            "followup_seen_share",
            *(f"latency_{s}" for s in STAGES))
@@ -301,7 +302,6 @@ class Runner:
 
         encoder = encoder or build_encoder(cfg.models)
         self.cfg, self.client, self.index, self.count_tokens = cfg, client, index, count_tokens
-        self.config_sha = hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:12]
         self.encoder = CachingEncoder(encoder)
         frozen = frozen_nodes(encoder)
         self.frozen_encoder = self.encoder if frozen is encoder else CachingEncoder(frozen)
@@ -313,6 +313,9 @@ class Runner:
             from canopy_ray.models.vector_cache import VectorCache
 
             self.vector_cache = VectorCache(cfg.models.cache_mb)
+
+    def config_sha(self) -> str:
+        return hashlib.sha256(self.cfg.model_dump_json().encode()).hexdigest()[:12]
 
     def compressor(self, frozen: bool, index=None) -> Compressor:
         """One compressor per node encoder and index (an index's cached node vectors are used
@@ -433,7 +436,7 @@ class Runner:
             "spec": run_spec(eval_set, method, settings, setting, self.node_adapter_id(method),
                              getattr(self.client, "model", "")) | {"reader": reader,
                                                                    "tokens_in": counter_name(self.cfg.llm),
-                                                                   "config_sha": self.config_sha},
+                                                                   "config_sha": self.config_sha()},
             "aggregate": aggregate(good),
             "errors": len(records) - len(good),
             "wall_s": round(time.perf_counter() - t0, 2),
