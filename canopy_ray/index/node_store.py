@@ -50,6 +50,19 @@ class NodeStoreWriter:
         self.counts.append(n)
         self.at += n
 
+    def add_many(self, item_ids, counts: np.ndarray, spans: np.ndarray, vectors: np.ndarray) -> None:
+        """Consecutive items at once: ``counts[i]`` rows of ``spans``/``vectors`` for item i
+        (one slice assignment for the chunk instead of one per item)."""
+        n = int(np.sum(counts))
+        if len(spans) != n or len(vectors) != n:
+            raise ValueError(f"{len(spans)} spans and {len(vectors)} vectors for {n} nodes")
+        self.vectors[self.at:self.at + n] = vectors
+        self.spans[self.at:self.at + n] = spans
+        self.item_ids.extend(item_ids.to_pylist() if hasattr(item_ids, "to_pylist") else list(item_ids))
+        self.offsets.extend((self.at + np.concatenate([[0], np.cumsum(counts)[:-1]])).tolist())
+        self.counts.extend(np.asarray(counts).tolist())
+        self.at += n
+
     def close(self) -> dict:
         import pyarrow as pa
         import pyarrow.parquet as pq
