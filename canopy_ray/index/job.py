@@ -35,7 +35,7 @@ import numpy as np
 
 from canopy_ray.config import CanopyConfig
 from canopy_ray.core.files import atomic_path, sha256_files, write_json, write_jsonl
-from canopy_ray.index import manifest
+import canopy_ray.index.manifest as manifest
 from canopy_ray.index.ingest import SliceEmbedder, corpus_files, split_corpus
 from canopy_ray.index.writer import IndexWriter, sample_rows
 

@@ -220,6 +220,43 @@ def save_shard(shard: faiss.Index, path: Path, offset: int) -> dict:
     return {"file": path.name, "offset": int(offset), "count": int(shard.ntotal), "sha256": sha256_file(path)}
 
 
+class ShardFile:
+    """One exact shard (``sq_fp16`` or ``flat``) written to its file as its rows arrive, in
+    FAISS's own format (byte for byte what ``faiss.write_index`` writes for the whole shard):
+    the empty index's header, the codes appended chunk by chunk, and the row count and code
+    length filled in at the end. Building holds one chunk in memory, not the shard."""
+
+    def __init__(self, path: Path, template: faiss.Index):
+        if not isinstance(template, faiss.IndexFlatCodes) or template.ntotal:
+            raise ValueError("a ShardFile streams the codes of an empty flat-codes index (sq_fp16, flat)")
+        self.path, self.template, self.ntotal = Path(path), template, 0
+        head = faiss.serialize_index(template).tobytes()
+        # the header holds ntotal after the 4-byte type and the 4-byte dimension; the codes'
+        # length (bytes; floats for IndexFlat) is the last field before the codes
+        if int(np.frombuffer(head[8:16], np.int64)[0]) != 0 or head[-8:] != bytes(8):
+            raise ValueError(f"unexpected FAISS header layout for {type(template).__name__}")
+        self._unit = 4 if isinstance(template, faiss.IndexFlat) else 1
+        self._head = len(head)
+        self._ctx = atomic_path(self.path)
+        self._file = open(self._ctx.__enter__(), "wb")
+        self._file.write(head)
+
+    def add(self, vectors: np.ndarray) -> None:
+        self._file.write(self.template.sa_encode(np.ascontiguousarray(vectors, dtype=np.float32)).data)
+        self.ntotal += len(vectors)
+
+    def close(self, offset: int) -> dict:
+        """Finish the file; its manifest entry."""
+        f = self._file
+        f.seek(8)
+        f.write(np.int64(self.ntotal).tobytes())
+        f.seek(self._head - 8)
+        f.write(np.uint64(self.ntotal * self.template.code_size // self._unit).tobytes())
+        f.close()
+        self._ctx.__exit__(None, None, None)
+        return {"file": self.path.name, "offset": int(offset), "count": self.ntotal, "sha256": sha256_file(self.path)}
+
+
 def code_bytes(shard: faiss.Index) -> int:
     if isinstance(shard, faiss.IndexIVF):
         return shard.ntotal * (shard.code_size + 8) + shard.nlist * shard.d * 4  # codes, int64 ids, centroids

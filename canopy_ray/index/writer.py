@@ -2,9 +2,10 @@
 
 The index job calls :class:`IndexWriter` once its items are embedded (``job._fill``);
 ``benchmarks/scale.py`` feeds it synthetic vectors, so both measure and ship the same code.
-Rows arrive in chunks, in item-table order. Each FAISS shard is written and released as soon as
-its last row arrives, so building holds one shard in memory, never the whole index; node
-vectors go straight to their memory-mapped file. The manifest is written last
+Rows arrive in chunks, in item-table order. Exact shards (``sq_fp16``, ``flat``) stream to their
+files as the rows arrive (:class:`~canopy_ray.index.shards.ShardFile`), so building holds one
+chunk in memory; an ``ivf`` shard is held until its last row, then written and released (one
+shard in memory, never the whole index). Node vectors go straight to their memory-mapped file. The manifest is written last
 (:func:`canopy_ray.index.manifest.write_manifest`): until then the directory is not an index.
 """
 
@@ -14,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from canopy_ray.core.files import atomic_path
-from canopy_ray.index import manifest
+import canopy_ray.index.manifest as manifest
 from canopy_ray.index.node_store import NodeStoreWriter
-from canopy_ray.index.shards import save_shard, shard_bounds, shard_file, trained
+from canopy_ray.index.shards import ShardFile, save_shard, shard_bounds, shard_file, trained
 
 
 class IndexWriter:
@@ -37,8 +38,9 @@ class IndexWriter:
         self.bounds = shard_bounds(count, shards)
         self._template = trained(dim, index_type, sample, nlist)
         self.nlist = int(self._template.nlist) if isinstance(self._template, faiss.IndexIVF) else None
-        self._shard, self._s, self.entries = faiss.clone_index(self._template), 0, []
-        self.at = 0
+        self._streams = isinstance(self._template, faiss.IndexFlatCodes)
+        self._s, self.entries, self.at = 0, [], 0
+        self._shard = self._open(0)
         self.nodes = NodeStoreWriter(self.out, nodes, dim)
         self._items_ctx = atomic_path(self.out / manifest.ITEMS)
         tmp = self._items_ctx.__enter__()
@@ -61,10 +63,17 @@ class IndexWriter:
             self.nodes.add_many(ids, np.asarray(node_counts), node_spans, node_vectors)
         self.at += n
 
-    def _add_vectors(self, vectors: np.ndarray) -> None:
-        """Rows ``at .. at+len`` into the open shard, writing each shard out as it fills."""
+    def _open(self, s: int):
         import faiss
 
+        if s >= max(1, len(self.bounds) - 1):
+            return None
+        if self._streams:
+            return ShardFile(self.out / shard_file(s), self._template)
+        return faiss.clone_index(self._template)
+
+    def _add_vectors(self, vectors: np.ndarray) -> None:
+        """Rows ``at .. at+len`` into the open shard, finishing each shard as it fills."""
         done = 0
         while done < len(vectors):
             end = self.bounds[self._s + 1]
@@ -72,10 +81,16 @@ class IndexWriter:
             self._shard.add(vectors[done:done + take])
             done += take
             if self.at + done == end:
-                path = self.out / shard_file(self._s)
-                self.entries.append(save_shard(self._shard, path, self.bounds[self._s]))
-                self._s += 1
-                self._shard = faiss.clone_index(self._template) if self._s < len(self.bounds) - 1 else None
+                self._finish()
+
+    def _finish(self) -> None:
+        offset = self.bounds[self._s]
+        if self._streams:
+            self.entries.append(self._shard.close(offset))
+        else:
+            self.entries.append(save_shard(self._shard, self.out / shard_file(self._s), offset))
+        self._s += 1
+        self._shard = self._open(self._s)
 
     def close(self, **fields) -> dict:
         """Finish the item table and node store, then write the manifest with ``fields``
@@ -83,7 +98,7 @@ class IndexWriter:
         if self.at != self.count:
             raise ValueError(f"the writer was opened for {self.count} items, {self.at} were added")
         if self.count == 0:  # no rows: one empty shard, so the index still loads (and finds nothing)
-            self.entries.append(save_shard(self._shard, self.out / shard_file(0), 0))
+            self._finish()
         self._items.close()
         self._items_ctx.__exit__(None, None, None)
         node_entry = self.nodes.close()

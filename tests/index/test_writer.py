@@ -12,7 +12,7 @@ import pytest
 from canopy_ray.config import ConfigError, load_config
 from canopy_ray.index import load_index
 from canopy_ray.index.reader import ItemIds
-from canopy_ray.index.shards import ShardedIndex, auto_nlist
+from canopy_ray.index.shards import ShardedIndex, ShardFile, auto_nlist, trained
 from canopy_ray.index.writer import IndexWriter
 
 DIM = 32
@@ -85,6 +85,19 @@ def test_loaded_shards_are_memory_mapped_not_copied(tmp_path):
     assert copied.codes.is_owned and not mapped.codes.is_owned
     q = vecs[:5]
     np.testing.assert_array_equal(copied.search(q, 10)[1], mapped.search(q, 10)[1])
+
+
+@pytest.mark.parametrize("index_type", ["sq_fp16", "flat"])
+def test_shard_file_streams_exactly_what_faiss_writes_for_the_whole_shard(tmp_path, index_type):
+    vecs = clustered(500, 6)
+    whole = trained(DIM, index_type)
+    whole.add(vecs)
+    f = ShardFile(tmp_path / "s.faiss", trained(DIM, index_type))
+    for a in range(0, 500, 123):
+        f.add(vecs[a:a + 123])
+    entry = f.close(offset=7)
+    assert entry["count"] == 500 and entry["offset"] == 7
+    assert (tmp_path / "s.faiss").read_bytes() == faiss.serialize_index(whole).tobytes()
 
 
 def test_writer_refuses_more_or_fewer_rows_than_announced(tmp_path):
