@@ -7,10 +7,10 @@ Per N (and dim), each step in its own process so that its peak memory is its own
   plus full-dimensional noise, so neighbours are not confined to one cluster and approximate
   search is not trivially easy) and, up to ``--nodes-up-to`` items, ~6.6 synthetic node
   vectors per item, generated chunk by chunk into :class:`canopy_ray.index.writer.IndexWriter`
-  (sharded fp16 form: FAISS shards, item table, node store, manifest). The floor, one FAISS
-  fp16 index of the same vectors, is made from the same chunks (a second pass of the
-  generator) and streamed to one file (``ShardFile``: the bytes ``faiss.write_index`` writes);
-  the ivf form goes through the same writer.
+  (sharded fp16 form: FAISS shards, item table, node store, manifest; the time spent generating
+  is reported apart). The floor, one FAISS fp16 index of the same vectors, is streamed from
+  the shards' stored vectors to one file (``ShardFile``: the bytes ``faiss.write_index``
+  writes); the ivf form goes from them through the same writer.
 - ``floor``: FAISS directly on the one index (memory-mapped as the project maps its shards);
 - ``sharded``: ``load_index`` (checksums verified) and the sharded search with its exact merge;
   recall against the floor's results on the same queries; node-store lookups and item fetches
@@ -124,12 +124,12 @@ def timed_search(search, qs: np.ndarray, batch: int, budget_s: float, max_batche
     return timed({"x": search}, qs, batch, budget_s, max_batches)["x"]
 
 
-def timed(searches: dict, qs: np.ndarray, batch: int, budget_s: float, max_batches: int) -> dict:
+def timed(searches: dict, qs: np.ndarray, batch: int, budget_s: float, max_batches: int, warm: bool = True) -> dict:
     """Per search: latency per call (p50/p99, ms) and queries/s over up to ``max_batches`` calls
     of ``batch`` queries (stopping after ``budget_s`` in all). Several searches take turns on
-    the same batches, so a load change on the shared machine hits them alike. The first call
-    of each (warm-up: page faults) is not counted."""
-    for fn in searches.values():
+    the same batches, so a load change on the shared machine hits them alike. A first call
+    of each (``warm``: page faults, thread pools) is not counted."""
+    for fn in searches.values() if warm else ():
         fn(qs[:batch])
     lat = {name: [] for name in searches}
     t0 = time.perf_counter()
@@ -152,48 +152,72 @@ def timed(searches: dict, qs: np.ndarray, batch: int, budget_s: float, max_batch
 def budgets(n: int) -> dict:
     """Queries per measurement, fewer as a flat scan grows (time on 2 cores is the limit)."""
     big = n >= 5_000_000
-    return {"b1": (40 if big else 200, 30.0), "b32": (2 if big else 8, 60.0), "recall": 64 if big else 256}
+    return {"b1": (10 if big else 200, 30.0), "b32": (1 if big else 8, 60.0), "recall": 32 if big else 256}
 
 
 # ---- steps -------------------------------------------------------------------------------------
 
+def stored_vectors(index_dir: Path):
+    """``(first row, float32 chunk)`` of the sharded index's vectors as stored: an fp16 code is the
+    vector's fp16 components, read from the end of each shard file (no second generator pass)."""
+    from canopy_ray.index.manifest import read_manifest
+
+    m = read_manifest(index_dir)
+    for e in m["shards"]:
+        path, n = index_dir / e["file"], e["count"]
+        codes = np.memmap(path, np.float16, "r", offset=path.stat().st_size - n * m["dim"] * 2, shape=(n, m["dim"]))
+        for a in range(0, n, CHUNK):
+            yield e["offset"] + a, np.asarray(codes[a:a + CHUNK], np.float32)
+
+
 def step_build(n: int, dim: int, root: Path, form: str, nodes_up_to: int, nlist: int | None) -> dict:
-    from canopy_ray.index.shards import ShardFile, auto_nlist, train_size, trained
+    """``sharded``: generate and write; ``floor`` and ``ivf``: from the sharded index's stored
+    vectors (the same fp16 values), so only the sharded build pays for generating."""
+    import faiss
+
+    from canopy_ray.index.shards import MMAP_FLAGS, ShardFile, auto_nlist, train_size, trained
     from canopy_ray.index.writer import IndexWriter, sample_rows
 
-    mix = mixture(dim)
-    out = root / f"{form}-{n}-{dim}"
+    out, src = root / f"{form}-{n}-{dim}", root / f"sharded-{n}-{dim}"
     t0 = time.perf_counter()
+    gen_s, extra = 0.0, {}
     if form == "floor":  # streamed: the bytes faiss.write_index writes for the whole index, one chunk in memory
         floor = ShardFile(out / "floor.faiss", trained(dim, "sq_fp16"))
-        for i, a, b in chunks(n):
-            floor.add(vectors(mix, i, b - a))
+        for _, x in stored_vectors(src):
+            floor.add(x)
         floor.close(0)
-        extra = {}
+    elif form == "ivf":
+        nlist = nlist or auto_nlist(n)
+        first = next(stored_vectors(src))[1]  # rows are drawn independently: a random sample of the corpus
+        sample = first[sample_rows(len(first), train_size(nlist, n), SEED)]
+        del first
+        t = time.perf_counter()
+        writer = IndexWriter(out, count=n, dim=dim, index_type="ivf", shards=SHARDS, sample=sample, nlist=nlist)
+        extra["train_s"] = round(time.perf_counter() - t, 2)
+        for a, x in _progress(stored_vectors(src), n, form):
+            writer.add(*item_columns(a, a + len(x)), x)
+        extra["nlist"] = writer.close(model_id="synthetic", encoder="synthetic", adapter_id="synthetic")["nlist"]
     else:
-        with_nodes = form == "sharded" and n <= nodes_up_to
+        mix = mixture(dim)
+        with_nodes = n <= nodes_up_to
         total_nodes = sum(int(node_rows(b - a, i, 1)[0].sum()) for i, a, b in chunks(n)) if with_nodes else 0
-        sample = None
-        if form == "ivf":
-            nlist = nlist or auto_nlist(n)
-            # rows are drawn independently from one mixture, so a random subset of the first
-            # chunk is a random sample of the corpus (without generating every chunk twice)
-            first = vectors(mix, 0, min(n, CHUNK))
-            sample = first[sample_rows(len(first), train_size(nlist, n), SEED)]
-            del first
-        t_train = time.perf_counter()
-        writer = IndexWriter(out, count=n, dim=dim, nodes=total_nodes, index_type="ivf" if form == "ivf" else "sq_fp16",
-                             shards=SHARDS, sample=sample, nlist=nlist)
-        train_s = time.perf_counter() - t_train
+        writer = IndexWriter(out, count=n, dim=dim, nodes=total_nodes, index_type="sq_fp16", shards=SHARDS)
         for i, a, b in _progress(chunks(n), n, form):
-            ids, modality, items = item_columns(a, b)
+            t = time.perf_counter()
+            cols, x = item_columns(a, b), vectors(mix, i, b - a)
             node = node_rows(b - a, i, dim) if with_nodes else (None, None, None)
-            writer.add(ids, modality, items, vectors(mix, i, b - a), *node)
+            gen_s += time.perf_counter() - t
+            writer.add(*cols, x, *node)
         m = writer.close(model_id="synthetic", encoder="synthetic", adapter_id="synthetic")
-        extra = {"nodes": m["nodes"], "node_store": with_nodes, "nlist": m.get("nlist"),
-                 "train_s": round(train_s, 2) if form == "ivf" else None}
+        extra = {"nodes": m["nodes"], "node_store": with_nodes}
+        # the fp16 codes read back as stored are the generator's vectors in fp16
+        shard = faiss.read_index(str(out / m["shards"][-1]["file"]), MMAP_FLAGS)
+        a, x = next(stored_vectors(out))
+        assert a == 0 and np.array_equal(faiss.read_index(str(out / m["shards"][0]["file"]), MMAP_FLAGS)
+                                         .reconstruct_n(0, 5), x[:5]) and shard.ntotal == m["shards"][-1]["count"]
     secs = time.perf_counter() - t0
-    return {"build_s": round(secs, 2), "disk_bytes": du([out]), "build_mem": mem(), **extra}
+    return {"build_s": round(secs, 2), "generate_s": round(gen_s, 2), "disk_bytes": du([out]), "build_mem": mem(),
+            **extra}
 
 
 def _progress(it, n: int, form: str):
@@ -229,7 +253,7 @@ def step_search(n: int, dim: int, root: Path) -> dict:
     sh["mem_after_load"] = mem()
     ways = {"floor": lambda q: floor.search(q, K), "sharded": lambda q: index.shards.search(q, K)}
     for name, kind in (("b1", 1), ("b32", 32)):
-        got = timed(ways, qs, kind, b[name][1], b[name][0])
+        got = timed(ways, qs, kind, b[name][1], b[name][0], warm=kind == 1)
         res["floor"][name], sh[name] = got["floor"], got["sharded"]
     want = floor.search(qs[:b["recall"]], K)[1]
     sh["recall_vs_floor"] = recall(index.shards.search(qs[:b["recall"]], K)[1], want)
@@ -296,7 +320,8 @@ def step_serve(n: int, dim: int, root: Path) -> dict:
 
         got = timed({"serve": one, "sharded": lambda q: local.search(q, K)}, qs, 1, b["b1"][1], b["b1"][0])
         res["b1"], res["sharded_b1"] = got["serve"], got["sharded"]
-        got = timed({"serve": many, "sharded": lambda q: local.search(q, K)}, qs, 32, b["b32"][1], b["b32"][0])
+        got = timed({"serve": many, "sharded": lambda q: local.search(q, K)}, qs, 32, b["b32"][1], b["b32"][0],
+                    warm=False)
         res["b32"], res["sharded_b32"] = got["serve"], got["sharded"]
         res["replica_mem_after_search"] = mem(pid)
     finally:
@@ -520,7 +545,8 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "bench" / "scale.json")
     ap.add_argument("--nodes-up-to", type=int, default=1_000_000, help="node store for N up to this")
     ap.add_argument("--nlist", type=int, default=None, help="ivf lists (default: retrieval.nlist's auto rule)")
-    ap.add_argument("--forms", nargs="+", default=["floor", "sharded", "ivf"], help="indexes to build")
+    ap.add_argument("--forms", nargs="+", default=["sharded", "floor", "ivf"], help="indexes to build "
+                    "(floor and ivf from the sharded one's vectors)")
     ap.add_argument("--steps", nargs="*", default=["build", "search", "serve", "ivf"])
     ap.add_argument("--keep", action="store_true", help="keep the indexes of each N (default: removed)")
     ap.add_argument("--step", help=argparse.SUPPRESS)

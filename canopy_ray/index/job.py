@@ -241,7 +241,7 @@ def _fill(cfg: CanopyConfig, out: Path, parts: list[Path], sel: _Selection, dim:
         if not mask.any():
             continue
         t = pq.read_table(path).filter(pa.array(mask))
-        vecs = np.stack([np.frombuffer(b, np.float32) for b in t.column("item_vec").to_pylist()])
+        vecs = np.frombuffer(b"".join(t.column("item_vec").to_pylist()), np.float32).reshape(-1, dim)
         counts = t.column("n_nodes").to_numpy()
         spans = np.frombuffer(b"".join(t.column("spans").to_pylist()), np.int32).reshape(-1, 2)
         nodes = np.frombuffer(b"".join(t.column("node_vecs").to_pylist()), np.float16).reshape(-1, dim)
