@@ -14,75 +14,10 @@ import numpy as np
 from canopy_ray.core.errors import CorruptFileError, IndexMismatchError
 from canopy_ray.core.files import sha256_file
 from canopy_ray.core.items import Item, parse_item
+from canopy_ray.index.ids import ItemIds
 from canopy_ray.index.manifest import CONFIG, ITEMS, MANIFEST, read_manifest, rebuild_command
 from canopy_ray.index.node_store import NodeStore
 from canopy_ray.index.shards import ShardedIndex
-
-
-class ItemIds(Sequence):
-    """The item ids in item-table order, held as one Arrow string array (a few bytes per id,
-    no Python object per item: 10M ids are ~160 MB, not the ~1.5 GB of a list and a dict).
-    ``position`` finds an id by binary search in a sorted order made on first use."""
-
-    def __init__(self, ids):
-        import pyarrow as pa
-
-        self.array = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else pa.array(ids, pa.string())
-        self._order: np.ndarray | None = None
-        self._sorted = None
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    def __getitem__(self, p):
-        if isinstance(p, slice):
-            return self.array[p].to_pylist()
-        return self.array[int(p)].as_py()
-
-    def __iter__(self):
-        return iter(self.array.to_pylist())
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
-
-    def duplicates(self) -> int:
-        """Ids that occur more than once (counted once each beyond the first)."""
-        import pyarrow.compute as pc
-
-        self._sort()
-        s = self._sorted
-        return 0 if len(s) < 2 else int(pc.sum(pc.equal(s[1:], s[:-1])).as_py() or 0)
-
-    def position(self, item_id: str) -> int:
-        """The row of ``item_id``; KeyError when it is not indexed."""
-        import bisect
-
-        self._sort()
-        s = self._sorted
-        j = bisect.bisect_left(_Strings(s), item_id)
-        if j == len(s) or s[j].as_py() != item_id:
-            raise KeyError(item_id)
-        return int(self._order[j])
-
-    def _sort(self) -> None:
-        if self._order is None:
-            import pyarrow.compute as pc
-
-            self._order = pc.sort_indices(self.array).to_numpy()
-            self._sorted = self.array.take(self._order)
-
-
-class _Strings:
-    """A sorted Arrow string array as ``bisect`` reads it."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    def __getitem__(self, i: int) -> str:
-        return self.array[i].as_py()
 
 
 class CanopyIndex:

@@ -11,7 +11,7 @@ import pytest
 
 from canopy_ray.config import ConfigError, load_config
 from canopy_ray.index import load_index
-from canopy_ray.index.reader import ItemIds
+from canopy_ray.index.ids import ItemIds
 from canopy_ray.index.shards import ShardedIndex, ShardFile, auto_nlist, trained
 from canopy_ray.index.writer import IndexWriter
 
