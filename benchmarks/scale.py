@@ -221,7 +221,7 @@ def step_build(n: int, dim: int, root: Path, form: str, nodes_up_to: int, nlist:
 def _progress(it, n: int, form: str):
     from tqdm import tqdm
 
-    return tqdm(list(it), desc=f"write {form} {n:,}", unit="chunk", file=sys.stderr)
+    return tqdm(it, total=-(-n // CHUNK), desc=f"write {form} {n:,}", unit="chunk", file=sys.stderr)
 
 
 def recall(got: np.ndarray, want: np.ndarray) -> float:
