@@ -297,8 +297,15 @@ def step_serve(n: int, dim: int, root: Path) -> dict:
     b = budgets(n)
     out = root / f"sharded-{n}-{dim}"
     qs = queries(mixture(dim), 200)
-    tmp = tempfile.mkdtemp(prefix="ray-scale-")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=tmp)
+    for attempt in range(3):  # Ray gives its raylet 30 s to start, which a busy machine can exceed
+        try:
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     _temp_dir=tempfile.mkdtemp(prefix="ray-scale-"))
+            break
+        except Exception as e:
+            if attempt == 2 or "timed out during startup" not in str(e):
+                raise
+            ray.shutdown()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
         t = time.perf_counter()
