@@ -375,7 +375,41 @@ def step_ivf(n: int, dim: int, root: Path) -> dict:
     return res
 
 
-STEPS = {"search": step_search, "serve": step_serve, "ivf": step_ivf}
+def step_ivf_onepass(n: int, dim: int, root: Path) -> dict:
+    """Where the fp16 index does not stay in the page cache (10M x 384 next to other jobs' memory):
+    the exact top-10 of one batch of 32 queries from a single pass over the stored codes (fp16
+    decoded blockwise, scored with one matrix product per block), then the ivf sweep against it."""
+    from canopy_ray.index import load_index
+
+    qs = queries(mixture(dim), 200)
+    q = qs[:32]
+    t = time.perf_counter()
+    best_s = np.full((32, K), -np.inf, np.float32)
+    best_i = np.zeros((32, K), np.int64)
+    for a, x in stored_vectors(root / f"sharded-{n}-{dim}"):
+        s = q @ x.T
+        top = np.argpartition(-s, K, axis=1)[:, :K]
+        cand_s = np.concatenate([best_s, np.take_along_axis(s, top, 1)], 1)
+        cand_i = np.concatenate([best_i, top + a], 1)
+        keep = np.argsort(-cand_s, axis=1, kind="stable")[:, :K]
+        best_s, best_i = np.take_along_axis(cand_s, keep, 1), np.take_along_axis(cand_i, keep, 1)
+    one_pass = time.perf_counter() - t
+    res = {"exact_one_pass_b32": {"batch": 32, "calls": 1, "qps": round(32 / one_pass, 3),
+                                  "p50_ms": round(one_pass * 1e3, 1)}}
+    t = time.perf_counter()
+    index = load_index(root / f"ivf-{n}-{dim}", verify=False)
+    res.update({"load_noverify_s": round(time.perf_counter() - t, 3), "mem_after_load": mem(), "sweep": []})
+    for nprobe in (8, 16, 32, 64):
+        sh = index.shards.set_nprobe(nprobe)
+        got = sh.search(q, K)[1]
+        res["sweep"].append({"nprobe": nprobe, "recall_vs_floor": recall(got, best_i),
+                             "b1": timed_search(lambda x: sh.search(x, K), qs, 1, 10.0, 100),
+                             "b32": timed_search(lambda x: sh.search(x, K), qs, 32, 10.0, 4)})
+    res["mem_after_search"] = mem()
+    return res
+
+
+STEPS = {"search": step_search, "serve": step_serve, "ivf": step_ivf, "ivf_onepass": step_ivf_onepass}
 
 
 # ---- driver ------------------------------------------------------------------------------------
@@ -476,11 +510,19 @@ def report(results: dict, png: Path) -> str:
               "| N | dim | nprobe | recall@10 | b1 q/s | b1 p50 ms | b32 q/s | x exact (b1) | x exact (b32) |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in recs:
-        for x in g(r, "ivf", "sweep") or []:
-            e1, e32 = g(r, "sharded", "b1", "qps"), g(r, "sharded", "b32", "qps")
+        for x in g(r, "ivf", "sweep") or g(r, "ivf_onepass", "sweep") or []:
+            e1, e32 = g(r, "sharded", "b1", "qps"), _exact_b32(r)
             lines.append(f"| {r['n']:,} | {r['dim']} | {x['nprobe']} | {x['recall_vs_floor']} | {x['b1']['qps']} | "
                          f"{x['b1']['p50_ms']} | {x['b32']['qps']} | {_ratio(x['b1']['qps'], e1)} | "
                          f"{_ratio(x['b32']['qps'], e32)} |")
+    for r in recs:
+        x = r.get("ivf_onepass")
+        if x:
+            lines += ["", f"At {r['n']:,} the fp16 index ({g(r, 'build_sharded', 'disk_bytes') / 1e9:.1f} GB) did not stay "
+                      "in the page cache next to other jobs' memory, so a FAISS scan read it from disk; the exact "
+                      "reference for the ivf recall is one blockwise pass over the stored codes for one batch of 32 "
+                      f"queries: {x['exact_one_pass_b32']['p50_ms'] / 1e3:.0f} s, "
+                      f"{x['exact_one_pass_b32']['qps']} q/s (the 'x exact' columns at this N use it)."]
     lines += ["", "## Item fetch and node-store lookups, k = 10 items", "",
               "| N | dim | first fetch s (reads ids' order) | fetch p50 / p99 ms | node lookups p50 / p99 ms | nodes |",
               "|---|---|---|---|---|---|"]
@@ -497,16 +539,22 @@ def report(results: dict, png: Path) -> str:
               "| N | dim | sharded recall | sharded / floor q/s (b32) | Serve adds to sharded p50 (b1) | best ivf "
               "recall >= 0.95: nprobe, x exact q/s (b32) |", "|---|---|---|---|---|---|"]
     for r in recs:
-        ok = [x for x in g(r, "ivf", "sweep") or [] if x["recall_vs_floor"] >= 0.95]
+        ok = [x for x in g(r, "ivf", "sweep") or g(r, "ivf_onepass", "sweep") or [] if x["recall_vs_floor"] >= 0.95]
         best = max(ok, key=lambda x: x["b32"]["qps"]) if ok else None
         serve_add = _ratio(g(r, "serve", "b1", "p50_ms"), g(r, "serve", "sharded_b1", "p50_ms"), minus_one=True)
         lines.append(f"| {r['n']:,} | {r['dim']} | {g(r, 'sharded', 'recall_vs_floor')} | "
                      f"{_ratio(g(r, 'sharded', 'b32', 'qps'), g(r, 'floor', 'b32', 'qps'))} | {serve_add} | "
-                     + (f"{best['nprobe']}, {_ratio(best['b32']['qps'], g(r, 'sharded', 'b32', 'qps'))} |" if best
+                     + (f"{best['nprobe']}, {_ratio(best['b32']['qps'], _exact_b32(r))} |" if best
                         else "none in the sweep |"))
     plot(recs, png)
     lines += ["", f"![cost against N]({png.name})", ""]
     return "\n".join(lines).replace("| None ", "| - ")
+
+
+def _exact_b32(r: dict):
+    """Exact search q/s at batch 32: the sharded search's, or where the index did not stay in the
+    page cache (10M here), one blockwise pass over the stored codes for the batch."""
+    return _get(r, ("sharded", "b32", "qps")) or _get(r, ("ivf_onepass", "exact_one_pass_b32", "qps"))
 
 
 def _get(d, keys):
@@ -549,7 +597,8 @@ def plot(recs: list[dict], png: Path) -> None:
             line(ax[2], [_get(r, (step, "b1", "p50_ms")) for r in rs], f"{step} b1 p50")
         ivf = []
         for r in rs:
-            ok = [x for x in _get(r, ("ivf", "sweep")) or [] if x["recall_vs_floor"] >= 0.95]
+            ok = [x for x in _get(r, ("ivf", "sweep")) or _get(r, ("ivf_onepass", "sweep")) or []
+                  if x["recall_vs_floor"] >= 0.95]
             ivf.append(min(ok, key=lambda x: x["b1"]["p50_ms"])["b1"]["p50_ms"] if ok else None)
         line(ax[2], ivf, "ivf b1 p50 (recall>=0.95)")
     for a, title, yl in ((ax[0], "build time", "seconds"), (ax[1], "memory and disk", "GiB"),
@@ -599,7 +648,7 @@ def main() -> None:
             elif step == "search":
                 rec.update(run_step(args, step, n, args.dim))
                 save(results, args.results)
-            elif step != "ivf" or "ivf" in args.forms:
+            elif step not in ("ivf", "ivf_onepass") or "ivf" in args.forms:
                 rec[step] = run_step(args, step, n, args.dim)
                 save(results, args.results)
         if not args.keep:
