@@ -592,7 +592,7 @@ def plot(recs: list[dict], png: Path) -> None:
         line(ax[1], [_get(r, ("sharded", "mem_after_load", "anon")) for r in rs], "sharded anon after load", ls="--")
         line(ax[1], [_get(r, ("serve", "replica_mem_after_search", "peak")) for r in rs], "Retriever replica peak")
         line(ax[1], [_get(r, ("build_sharded", "disk_bytes")) and _get(r, ("build_sharded", "disk_bytes")) / 2**30
-                     for r in rs], "sharded on disk", ls=":")
+                     for r in rs], "sharded dir on disk (node store to 1M only)", ls=":")
         for step in ("floor", "sharded", "serve"):
             line(ax[2], [_get(r, (step, "b1", "p50_ms")) for r in rs], f"{step} b1 p50")
         ivf = []
