@@ -26,7 +26,13 @@ class Section(BaseModel):
 class RetrievalConfig(Section):
     k: int = Field(10, ge=1, le=1000, description="items retrieved per round")
     shards: int = Field(2, ge=1, description="FAISS shards searched together")
-    index_type: Literal["sq_fp16", "flat"] = "sq_fp16"
+    index_type: Literal["sq_fp16", "flat", "ivf"] = Field(
+        "sq_fp16", description="sq_fp16: exact search over fp16 codes (the paper's); flat: exact, fp32; ivf: "
+                               "approximate, the fp16 codes in nlist lists of which a query scans nprobe")
+    nlist: int | None = Field(None, ge=1, description="ivf: lists, trained on a sample at indexing; None = the "
+                              "power of two nearest sqrt(items), 1024 at most")
+    nprobe: int = Field(16, ge=1, description="ivf: lists scanned per query (recall against speed; a search "
+                        "setting, changed without re-indexing)")
     followup: Literal["topk", "fill"] = Field(
         "topk", description="topk: a follow-up round takes the top k for its query less the items already "
                             "in the evidence (the paper); fill: k items not yet seen")

@@ -3,8 +3,10 @@
 - ``manifest``: the on-disk layout and ``manifest.json`` (written and read only there);
 - ``ingest``: split, validate and embed corpus items (the per-item work, independent of Ray);
 - ``job``: the Ray Data index job (plan, embed, build), resumable;
-- ``shards``: ``ShardedIndex`` (``sq_fp16`` or ``flat`` inner-product shards), tested against
-  one ``IndexFlatIP`` (``tests/index/test_shards.py``);
+- ``writer``: ``IndexWriter``, item rows in order -> shards, item table, node store, manifest
+  (the job's last step; ``benchmarks/scale.py`` writes synthetic corpora through it);
+- ``shards``: ``ShardedIndex`` (``sq_fp16``, ``flat`` or approximate ``ivf`` inner-product
+  shards), tested against one ``IndexFlatIP`` (``tests/index/test_shards.py``, ``test_writer.py``);
 - ``node_store``: fp16 node vectors keyed by item id, memory-mapped;
 - ``reader``: ``load_index(dir)`` opens what the job wrote.
 """

@@ -35,8 +35,9 @@ import numpy as np
 
 from canopy_ray.config import CanopyConfig
 from canopy_ray.core.files import atomic_path, sha256_files, write_json, write_jsonl
-from canopy_ray.index import manifest
+import canopy_ray.index.manifest as manifest
 from canopy_ray.index.ingest import SliceEmbedder, corpus_files, split_corpus
+from canopy_ray.index.writer import IndexWriter, sample_rows
 from canopy_ray.models.adapters import model_id
 
 log = logging.getLogger("canopy_ray.index.job")
@@ -221,33 +222,44 @@ def _dim(parts: list[Path], keep: list[np.ndarray]) -> int:
     raise IndexJobError("no valid item in the corpus; see report.json")
 
 
-def _fill(cfg: CanopyConfig, out: Path, parts: list[Path], sel: _Selection, dim: int) -> tuple[list, dict]:
-    """Stream the kept rows into the FAISS shards, the item table and the node store."""
+def _fill(cfg: CanopyConfig, out: Path, parts: list[Path], sel: _Selection, dim: int) -> IndexWriter:
+    """Stream the kept rows into the index writer: FAISS shards, item table, node store."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from canopy_ray.index.node_store import NodeStoreWriter
-    from canopy_ray.index.shards import ShardedIndex, shard_bounds
+    r = cfg.retrieval
+    sample = _train_sample(parts, sel, r.nlist) if r.index_type == "ivf" else None
+    writer = IndexWriter(out, count=sel.items, dim=dim, nodes=sel.nodes, index_type=r.index_type,
+                         shards=r.shards, sample=sample, nlist=r.nlist)
+    for path, mask in zip(parts, sel.keep):
+        if not mask.any():
+            continue
+        t = pq.read_table(path).filter(pa.array(mask))
+        vecs = np.frombuffer(b"".join(t.column("item_vec").to_pylist()), np.float32).reshape(-1, dim)
+        counts = t.column("n_nodes").to_numpy()
+        spans = np.frombuffer(b"".join(t.column("spans").to_pylist()), np.int32).reshape(-1, 2)
+        nodes = np.frombuffer(b"".join(t.column("node_vecs").to_pylist()), np.float16).reshape(-1, dim)
+        writer.add(t.column("id"), t.column("modality"), t.column("item"), vecs, counts, spans, nodes)
+    return writer
 
-    index = ShardedIndex.empty(dim, shard_bounds(sel.items, cfg.retrieval.shards), cfg.retrieval.index_type)
-    nodes = NodeStoreWriter(out, sel.nodes, dim)
-    schema = pa.schema([("id", pa.string()), ("modality", pa.string()), ("item", pa.string())])
-    at = 0
-    with atomic_path(out / manifest.ITEMS) as tmp, pq.ParquetWriter(tmp, schema) as writer:
-        for path, mask in zip(parts, sel.keep):
-            if not mask.any():
-                continue
-            t = pq.read_table(path).filter(pa.array(mask))
-            d = t.select(["id", "spans", "node_vecs", "item_vec"]).to_pydict()
-            vecs = np.stack([np.frombuffer(b, np.float32) for b in d["item_vec"]])
-            index.add(vecs, at)
-            at += len(vecs)
-            for iid, sb, nb in zip(d["id"], d["spans"], d["node_vecs"]):
-                nodes.add(iid, np.frombuffer(sb, np.int32).reshape(-1, 2),
-                          np.frombuffer(nb, np.float16).reshape(-1, dim))
-            writer.write_table(t.select(["id", "modality", "item"]))
-    node_entry = nodes.close()
-    return index.save(out), node_entry
+
+def _train_sample(parts: list[Path], sel: _Selection, nlist: int | None) -> np.ndarray:
+    """A random sample of the kept item vectors to train the IVF lists on."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from canopy_ray.index.shards import auto_nlist, train_size
+
+    rows = sample_rows(sel.items, train_size(nlist or auto_nlist(sel.items), sel.items))
+    out, at = [], 0
+    for path, mask in zip(parts, sel.keep):
+        n = int(mask.sum())
+        mine = rows[(rows >= at) & (rows < at + n)] - at
+        if len(mine):
+            col = pq.read_table(path, columns=["item_vec"]).filter(pa.array(mask)).column("item_vec")
+            out += [np.frombuffer(col[int(j)].as_py(), np.float32) for j in mine]
+        at += n
+    return np.stack(out)
 
 
 def _build(cfg: CanopyConfig, plan: dict, out: Path) -> dict:
@@ -259,14 +271,11 @@ def _build(cfg: CanopyConfig, plan: dict, out: Path) -> dict:
     write_json(out / "report.json", {"skipped": len(sel.skipped), "by_reason": dict(sorted(counts.items())),
                                      "list": "skipped.jsonl"})
     dim = _dim(parts, sel.keep)
-    entries, node_entry = _fill(cfg, out, parts, sel, dim)
     settings = plan["settings"]
-    manifest.write_manifest(out, {
-        "model_id": model_id(cfg), "encoder": cfg.models.encoder, "dim": dim, "count": sel.items,
-        "nodes": sel.nodes, "adapter_id": settings["models"]["adapter_id"],
-        "index_type": cfg.retrieval.index_type, "metric": "inner_product", "shards": entries,
-        "node_store": node_entry, "items": manifest.ITEMS, "hierarchy": settings["hierarchy"],
-        "corpus_fingerprint": plan["fingerprint"]})
+    written = _fill(cfg, out, parts, sel, dim).close(
+        model_id=model_id(cfg), encoder=cfg.models.encoder, adapter_id=settings["models"]["adapter_id"],
+        hierarchy=settings["hierarchy"], corpus_fingerprint=plan["fingerprint"])
+    entries = written["shards"]
     return {"items": sel.items, "nodes": sel.nodes, "skipped": len(sel.skipped),
             "skipped_by_reason": dict(sorted(counts.items())), "duplicates": counts.get("duplicate_id", 0),
             "index_shards": len(entries), "dim": dim}

@@ -21,6 +21,7 @@ import numpy as np
 from canopy_ray.core.errors import CorruptFileError
 from canopy_ray.core.files import atomic_path
 from canopy_ray.core.hierarchy import Span
+from canopy_ray.index.ids import ItemIds, Rows
 
 VECTORS, SPANS, ITEMS = "nodes.f16.npy", "node_spans.npy", "node_items.parquet"
 
@@ -50,6 +51,19 @@ class NodeStoreWriter:
         self.counts.append(n)
         self.at += n
 
+    def add_many(self, item_ids, counts: np.ndarray, spans: np.ndarray, vectors: np.ndarray) -> None:
+        """Consecutive items at once: ``counts[i]`` rows of ``spans``/``vectors`` for item i
+        (one slice assignment for the chunk instead of one per item)."""
+        n = int(np.sum(counts))
+        if len(spans) != n or len(vectors) != n:
+            raise ValueError(f"{len(spans)} spans and {len(vectors)} vectors for {n} nodes")
+        self.vectors[self.at:self.at + n] = vectors
+        self.spans[self.at:self.at + n] = spans
+        self.item_ids.extend(item_ids.to_pylist() if hasattr(item_ids, "to_pylist") else list(item_ids))
+        self.offsets.extend((self.at + np.concatenate([[0], np.cumsum(counts)[:-1]])).tolist())
+        self.counts.extend(np.asarray(counts).tolist())
+        self.at += n
+
     def close(self) -> dict:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -72,7 +86,7 @@ class NodeStoreWriter:
 class NodeStore:
     """Lookup of cached node vectors with on-the-fly fallback."""
 
-    def __init__(self, vectors: np.ndarray | None, spans: np.ndarray | None, rows: dict[str, tuple[int, int]],
+    def __init__(self, vectors: np.ndarray | None, spans: np.ndarray | None, rows: "dict[str, tuple[int, int]] | Rows",
                  adapter_id: str | None, model_id: str | None = None):
         self._vectors, self._spans, self._rows = vectors, spans, rows
         self.adapter_id, self.model_id = adapter_id, model_id
@@ -96,12 +110,14 @@ class NodeStore:
         if spans.shape[1] != 2 or len(spans) != len(vectors) or (nodes is not None and len(vectors) != nodes):
             raise CorruptFileError(out_dir / VECTORS, f"{len(vectors)} vectors and {len(spans)} spans, the "
                                    f"manifest says {nodes} nodes (one of the files was changed)")
-        try:
-            t = pq.read_table(out_dir / ITEMS).to_pydict()
-            rows = {i: (o, c) for i, o, c in zip(t["item_id"], t["offset"], t["count"])}
+        try:  # columns, not a dict: a million items are three arrays, checked without a loop
+            t = pq.read_table(out_dir / ITEMS)
+            offsets = t.column("offset").to_numpy().astype(np.int64)
+            counts = t.column("count").to_numpy().astype(np.int64)
+            rows = Rows(ItemIds(t.column("item_id")), offsets, counts)
         except (OSError, ValueError, KeyError) as e:  # pyarrow's ArrowInvalid is a ValueError
             raise CorruptFileError(out_dir / ITEMS, f"not a readable node table (truncated?): {e}") from None
-        if sum(t["count"]) != len(vectors) or any(o < 0 or o + c > len(vectors) for o, c in rows.values()):
+        if counts.sum() != len(vectors) or (offsets < 0).any() or (offsets + counts > len(vectors)).any():
             raise CorruptFileError(out_dir / ITEMS, f"its rows do not cover the {len(vectors)} stored nodes")
         return cls(vectors, spans, rows, adapter_id, model_id)
 

@@ -14,6 +14,7 @@ import numpy as np
 from canopy_ray.core.errors import CorruptFileError, IndexMismatchError
 from canopy_ray.core.files import sha256_file
 from canopy_ray.core.items import Item, parse_item
+from canopy_ray.index.ids import ItemIds
 from canopy_ray.index.manifest import CONFIG, ITEMS, MANIFEST, read_manifest, rebuild_command
 from canopy_ray.index.node_store import NodeStore
 from canopy_ray.index.shards import ShardedIndex
@@ -22,12 +23,12 @@ from canopy_ray.index.shards import ShardedIndex
 class CanopyIndex:
     """Search item vectors, fetch items, look up cached node vectors."""
 
-    def __init__(self, root: Path, manifest: dict, shards: ShardedIndex, ids: list[str],
+    def __init__(self, root: Path, manifest: dict, shards: ShardedIndex, ids: "ItemIds | Sequence[str]",
                  nodes: NodeStore):
+        ids = ids if isinstance(ids, ItemIds) else ItemIds(ids)
         self.root, self.manifest, self.shards, self.ids, self.nodes = root, manifest, shards, ids, nodes
-        self._items_json: list[str] | None = None
+        self._items_json = None
         self._modality: np.ndarray | None = None
-        self._pos = {i: p for p, i in enumerate(ids)}
 
     @property
     def dim(self) -> int:
@@ -55,8 +56,12 @@ class CanopyIndex:
 
     def _hits(self, scores, positions, allowed, k) -> list[list[tuple[str, float]]]:
         keep = lambda p: p >= 0 and (allowed is None or allowed[p])  # noqa: E731
-        return [[(self.ids[p], float(s)) for s, p in zip(srow, prow) if keep(p)][:k]
-                for srow, prow in zip(scores, positions)]
+        out = []
+        for srow, prow in zip(scores, positions):
+            kept = [(p, float(s)) for s, p in zip(srow, prow) if keep(p)][:k]
+            ids = self.ids.array.take(np.array([p for p, _ in kept], np.int64)).to_pylist() if kept else []
+            out.append(list(zip(ids, [s for _, s in kept])))
+        return out
 
     def _modalities(self) -> np.ndarray:
         if self._modality is None:
@@ -67,19 +72,22 @@ class CanopyIndex:
         return self._modality
 
     def item(self, item_id: str) -> Item:
-        if self._items_json is None:
+        if self._items_json is None:  # an Arrow column: no Python string per item until it is fetched
             import pyarrow.parquet as pq
 
-            self._items_json = pq.read_table(self.root / ITEMS, columns=["item"]).column("item").to_pylist()
-        return parse_item(json.loads(self._items_json[self._pos[item_id]]))
+            self._items_json = pq.read_table(self.root / ITEMS, columns=["item"]).column("item").combine_chunks()
+        return parse_item(json.loads(self._items_json[self.ids.position(item_id)].as_py()))
 
     def items(self, item_ids: Sequence[str]) -> list[Item]:
         return [self.item(i) for i in item_ids]
 
 
-def load_index(root: str | Path, verify: bool = True, mmap: bool = True, expect=None) -> CanopyIndex:
+def load_index(root: str | Path, verify: bool = True, mmap: bool = True, expect=None,
+               nprobe: int | None = None) -> CanopyIndex:
     """Open an index directory; ``verify`` checks the shard and item-table checksums against
-    the manifest (the node store is checked from its sizes either way). ``expect``, a
+    the manifest (the node store is checked from its sizes either way); ``mmap`` maps the shards
+    and node vectors instead of reading them (processes on one node share one copy); ``nprobe``
+    is the ``ivf`` search knob (``retrieval.nprobe``; FAISS's default 1 when None). ``expect``, a
     :class:`~canopy_ray.config.CanopyConfig`, refuses an index built with another encoder
     (:func:`check_encoder`). Every fault is a :class:`CorruptFileError` naming the file and
     the command that rebuilds the index."""
@@ -88,7 +96,8 @@ def load_index(root: str | Path, verify: bool = True, mmap: bool = True, expect=
     if expect is not None:
         check_encoder(root, manifest, expect)
     try:
-        shards = ShardedIndex.load(root, manifest["shards"], manifest["index_type"], verify=verify, mmap=mmap)
+        shards = ShardedIndex.load(root, manifest["shards"], manifest["index_type"], verify=verify,
+                                   mmap=mmap).set_nprobe(nprobe)
         if shards.count != manifest["count"]:
             raise CorruptFileError(root / MANIFEST, f"shards hold {shards.count} vectors, it says {manifest['count']}")
         ids = _item_ids(root, manifest, verify)
@@ -99,7 +108,7 @@ def load_index(root: str | Path, verify: bool = True, mmap: bool = True, expect=
     return CanopyIndex(root, manifest, shards, ids, nodes)
 
 
-def _item_ids(root: Path, manifest: dict, verify: bool) -> list[str]:
+def _item_ids(root: Path, manifest: dict, verify: bool) -> ItemIds:
     import pyarrow.parquet as pq
 
     path = root / ITEMS
@@ -109,12 +118,16 @@ def _item_ids(root: Path, manifest: dict, verify: bool) -> list[str]:
     if verify and want and sha256_file(path) != want:
         raise CorruptFileError(path, "does not match its manifest checksum (changed or truncated)")
     try:
-        ids = pq.read_table(path, columns=["id"]).column("id").to_pylist()
+        ids = ItemIds(pq.read_table(path, columns=["id"]).column("id"))
     except (OSError, ValueError, KeyError) as e:  # pyarrow's ArrowInvalid is a ValueError
         raise CorruptFileError(path, f"not a readable item table (truncated?): {e}") from None
-    if len(ids) != manifest["count"] or len(set(ids)) != len(ids):
-        raise CorruptFileError(path, f"{len(ids)} rows ({len(set(ids))} distinct ids), the manifest says "
-                                     f"{manifest['count']} items")
+    if len(ids) != manifest["count"]:
+        raise CorruptFileError(path, f"{len(ids)} rows, the manifest says {manifest['count']} items")
+    if not verify or not want:  # a checked file is the one the job wrote, ids distinct: not sorted at load
+        dup = ids.duplicates()
+        if dup:
+            raise CorruptFileError(path, f"{len(ids)} rows ({len(ids) - dup} distinct ids), the manifest says "
+                                         f"{manifest['count']} items")
     return ids
 
 
@@ -140,10 +153,12 @@ def check_encoder(root: str | Path, manifest: dict, cfg) -> None:
                              rebuild_command(root, config="CONFIG", overwrite=True))
 
 
-def load_shard(root: str | Path, shard: int, verify: bool = True) -> ShardedIndex:
+def load_shard(root: str | Path, shard: int, verify: bool = True, nprobe: int | None = None,
+               mmap: bool = True) -> ShardedIndex:
     """One FAISS shard of an index (a Serve replica holding one shard); global positions."""
     manifest = read_manifest(root)
     try:
-        return ShardedIndex.load(root, manifest["shards"][shard:shard + 1], manifest["index_type"], verify=verify)
+        return ShardedIndex.load(root, manifest["shards"][shard:shard + 1], manifest["index_type"], verify=verify,
+                                 mmap=mmap).set_nprobe(nprobe)
     except CorruptFileError as e:
         raise e.with_rebuild(rebuild_command(root)) from None

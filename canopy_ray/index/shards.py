@@ -1,8 +1,10 @@
 """FAISS inner-product shards searched together, merged to an exact global top-k.
 
-Item vectors are unit vectors from f0, so inner product is cosine. Two shard kinds:
+Item vectors are unit vectors from f0, so inner product is cosine. Three shard kinds:
 ``sq_fp16`` (the paper's form: ``IndexScalarQuantizer`` with ``QT_fp16``, exact search over
-fp16-coded vectors, half the memory) and ``flat`` (``IndexFlatIP``, fp32). Shard s holds
+fp16-coded vectors, half the memory), ``flat`` (``IndexFlatIP``, fp32) and ``ivf`` (approximate:
+``IndexIVFScalarQuantizer`` over the same fp16 codes, ``nlist`` lists trained once on a sample
+and shared by every shard; a query scans the ``nprobe`` nearest lists). Shard s holds
 the contiguous rows ``offsets[s] .. offsets[s+1]`` of the item table, so a FAISS label plus
 the shard's offset is the item's global position. Each shard returns its own exact top-k;
 the union holds the global top-k, which the merge sorts by score (ties: lower position).
@@ -20,15 +22,59 @@ import numpy as np
 from canopy_ray.core.errors import CorruptFileError
 from canopy_ray.core.files import atomic_path, sha256_file
 
-INDEX_TYPES = ("sq_fp16", "flat")
+INDEX_TYPES = ("sq_fp16", "flat", "ivf")
+# Reading maps the stored codes (flat and IVF alike) instead of copying them: replicas on one
+# node share one copy in the page cache, and a load reads nothing until a search touches it.
+MMAP_FLAGS = faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY
 
 
-def new_index(dim: int, index_type: str = "sq_fp16") -> faiss.Index:
+def new_index(dim: int, index_type: str = "sq_fp16", nlist: int = 1) -> faiss.Index:
     if index_type == "sq_fp16":
         return faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
     if index_type == "flat":
         return faiss.IndexFlatIP(dim)
+    if index_type == "ivf":  # fp16 codes of the vectors themselves (no residual): the flat form's scores
+        quantizer = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFScalarQuantizer(quantizer, dim, nlist, faiss.ScalarQuantizer.QT_fp16,
+                                              faiss.METRIC_INNER_PRODUCT, False)
+        quantizer.this.disown()  # the index frees its quantizer, not Python
+        index.own_fields = True
+        index.cp.niter = 10  # k-means iterations; more changes recall little and costs minutes at scale
+        return index
     raise ValueError(f"index_type must be one of {INDEX_TYPES}, got {index_type!r}")
+
+
+def auto_nlist(count: int) -> int:
+    """IVF lists for ``count`` items: the power of two nearest sqrt(count), 1024 at most (the
+    k-means training and the assignment of every vector to a list grow with it on CPU)."""
+    return int(min(1024, 2 ** round(np.log2(max(1.0, np.sqrt(max(count, 1)))))))
+
+
+def train_size(nlist: int, count: int) -> int:
+    """Training vectors for ``nlist`` lists (FAISS asks for 39 per list at least)."""
+    return int(min(count, 64 * nlist))
+
+
+def trained(dim: int, index_type: str, sample: np.ndarray | None = None, nlist: int | None = None) -> faiss.Index:
+    """An empty index ready for ``add``: fp16 coding needs no statistics; ``ivf`` trains its
+    lists on ``sample`` (a random sample of the item vectors)."""
+    if index_type != "ivf":
+        index = new_index(dim, index_type)
+        if not index.is_trained:
+            index.train(np.zeros((1, dim), np.float32))
+        return index
+    if sample is None or not len(sample):
+        raise ValueError("an ivf index is trained on a sample of the item vectors; none was given")
+    sample = np.ascontiguousarray(sample, dtype=np.float32)
+    index = new_index(dim, "ivf", min(nlist or auto_nlist(len(sample)), len(sample)))
+    index.train(sample)
+    return index
+
+
+def set_nprobe(shard: faiss.Index, nprobe: int | None) -> None:
+    """The IVF search knob (lists scanned per query); other shard kinds have none."""
+    if nprobe is not None and isinstance(shard, faiss.IndexIVF):
+        shard.nprobe = int(nprobe)
 
 
 def shard_bounds(count: int, n_shards: int) -> list[int]:
@@ -70,20 +116,31 @@ class ShardedIndex:
         return self.offsets[-1]
 
     @classmethod
-    def empty(cls, dim: int, bounds: Sequence[int], index_type: str = "sq_fp16") -> "ShardedIndex":
-        """Shards to be filled in row order with ``add`` (streaming builds)."""
-        shards = [new_index(dim, index_type) for _ in range(len(bounds) - 1)]
-        for s in shards:
-            if not s.is_trained:
-                s.train(np.zeros((1, dim), np.float32))  # fp16 coding needs no statistics
+    def empty(cls, dim: int, bounds: Sequence[int], index_type: str = "sq_fp16", sample: np.ndarray | None = None,
+              nlist: int | None = None) -> "ShardedIndex":
+        """Shards to be filled in row order with ``add`` (streaming builds); an ``ivf`` index is
+        trained once on ``sample`` and every shard starts from a copy of it (the same lists)."""
+        template = trained(dim, index_type, sample, nlist)
+        shards = [faiss.clone_index(template) for _ in range(len(bounds) - 1)]
         return cls(shards, list(bounds), index_type)
 
     @classmethod
-    def build(cls, vectors: np.ndarray, n_shards: int = 1, index_type: str = "sq_fp16") -> "ShardedIndex":
+    def build(cls, vectors: np.ndarray, n_shards: int = 1, index_type: str = "sq_fp16", nlist: int | None = None,
+              seed: int = 0) -> "ShardedIndex":
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        index = cls.empty(vectors.shape[1], shard_bounds(len(vectors), n_shards), index_type)
+        sample = None
+        if index_type == "ivf":
+            nlist = nlist or auto_nlist(len(vectors))
+            pick = np.random.default_rng(seed).choice(len(vectors), train_size(nlist, len(vectors)), replace=False)
+            sample = vectors[np.sort(pick)]
+        index = cls.empty(vectors.shape[1], shard_bounds(len(vectors), n_shards), index_type, sample, nlist)
         index.add(vectors, 0)
         return index
+
+    def set_nprobe(self, nprobe: int | None) -> "ShardedIndex":
+        for shard in self.shards:
+            set_nprobe(shard, nprobe)
+        return self
 
     def add(self, vectors: np.ndarray, start: int) -> None:
         """Add rows ``start .. start+len(vectors)`` of the item table to their shards."""
@@ -99,33 +156,32 @@ class ShardedIndex:
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores, positions), each (nq, k); missing results are (-inf, -1)."""
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
-        scores, positions = [], []
-        for shard, off in zip(self.shards, self.offsets):
-            kk = min(k, shard.ntotal)
-            if kk == 0:
-                continue
-            d, i = shard.search(queries, kk)
-            scores.append(d)
-            positions.append(np.where(i >= 0, i + off, -1))
+        todo = [(shard, off) for shard, off in zip(self.shards, self.offsets) if min(k, shard.ntotal) > 0]
+
+        def one(shard_off):
+            shard, off = shard_off
+            d, i = shard.search(queries, min(k, shard.ntotal))
+            return d, np.where(i >= 0, i + off, -1)
+
+        # The shards are searched side by side, each by a thread of its own with its share of
+        # FAISS's OpenMP threads (FAISS releases the GIL while it scans): a single query then
+        # uses every core, and a batch needs no OpenMP barrier across all cores, whose
+        # busy-waiting stalls when other work shares the machine.
+        results = list(_pool(len(todo)).map(one, todo)) if len(todo) > 1 else [one(t) for t in todo]
+        scores, positions = [r[0] for r in results], [r[1] for r in results]
         if not scores:
             return (np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64))
         return merge_topk(scores, positions, k)
 
     def memory_bytes(self) -> int:
-        """Serialized size of all shards (what a process holds in RAM to search them)."""
-        return int(sum(faiss.serialize_index(s).nbytes for s in self.shards))
+        """Bytes of the stored vectors (codes, and ids for ``ivf``): what a process holds in RAM,
+        or maps, to search them; counted without serialising (a copy of everything)."""
+        return int(sum(code_bytes(s) for s in self.shards))
 
     def save(self, out_dir: str | Path, prefix: str = "shard") -> list[dict]:
         """Write ``{prefix}-{s:03d}.faiss`` files; return their manifest entries."""
-        out_dir = Path(out_dir)
-        entries = []
-        for s, shard in enumerate(self.shards):
-            path = out_dir / f"{prefix}-{s:03d}.faiss"
-            with atomic_path(path) as tmp:
-                faiss.write_index(shard, str(tmp))
-            entries.append({"file": path.name, "offset": self.offsets[s], "count": int(shard.ntotal),
-                            "sha256": sha256_file(path)})
-        return entries
+        return [save_shard(shard, Path(out_dir) / shard_file(s, prefix), self.offsets[s])
+                for s, shard in enumerate(self.shards)]
 
     @classmethod
     def load(cls, out_dir: str | Path, entries: Sequence[dict], index_type: str, verify: bool = True,
@@ -139,7 +195,7 @@ class ShardedIndex:
                 raise CorruptFileError(path, "missing (the manifest names it)")
             if verify and sha256_file(path) != e["sha256"]:
                 raise CorruptFileError(path, "does not match its manifest checksum (changed or truncated)")
-            flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+            flags = MMAP_FLAGS if mmap else 0
             try:
                 shard = faiss.read_index(str(path), flags)
             except RuntimeError as err:  # FAISS's own reader error: truncated or not an index
@@ -151,6 +207,77 @@ class ShardedIndex:
             shards.append(shard)
             offsets.append(offsets[-1] + shard.ntotal)
         return cls(shards, offsets, index_type)
+
+
+def shard_file(s: int, prefix: str = "shard") -> str:
+    return f"{prefix}-{s:03d}.faiss"
+
+
+def save_shard(shard: faiss.Index, path: Path, offset: int) -> dict:
+    """Write one shard atomically; its manifest entry."""
+    with atomic_path(path) as tmp:
+        faiss.write_index(shard, str(tmp))
+    return {"file": path.name, "offset": int(offset), "count": int(shard.ntotal), "sha256": sha256_file(path)}
+
+
+class ShardFile:
+    """One exact shard (``sq_fp16`` or ``flat``) written to its file as its rows arrive, in
+    FAISS's own format (byte for byte what ``faiss.write_index`` writes for the whole shard):
+    the empty index's header, the codes appended chunk by chunk, and the row count and code
+    length filled in at the end. Building holds one chunk in memory, not the shard."""
+
+    def __init__(self, path: Path, template: faiss.Index):
+        if not isinstance(template, faiss.IndexFlatCodes) or template.ntotal:
+            raise ValueError("a ShardFile streams the codes of an empty flat-codes index (sq_fp16, flat)")
+        self.path, self.template, self.ntotal = Path(path), template, 0
+        head = faiss.serialize_index(template).tobytes()
+        # the header holds ntotal after the 4-byte type and the 4-byte dimension; the codes'
+        # length (bytes; floats for IndexFlat) is the last field before the codes
+        if int(np.frombuffer(head[8:16], np.int64)[0]) != 0 or head[-8:] != bytes(8):
+            raise ValueError(f"unexpected FAISS header layout for {type(template).__name__}")
+        self._unit = 4 if isinstance(template, faiss.IndexFlat) else 1
+        self._head = len(head)
+        self._ctx = atomic_path(self.path)
+        self._file = open(self._ctx.__enter__(), "wb")
+        self._file.write(head)
+
+    def add(self, vectors: np.ndarray) -> None:
+        self._file.write(self.template.sa_encode(np.ascontiguousarray(vectors, dtype=np.float32)).data)
+        self.ntotal += len(vectors)
+
+    def close(self, offset: int) -> dict:
+        """Finish the file; its manifest entry."""
+        f = self._file
+        f.seek(8)
+        f.write(np.int64(self.ntotal).tobytes())
+        f.seek(self._head - 8)
+        f.write(np.uint64(self.ntotal * self.template.code_size // self._unit).tobytes())
+        f.close()
+        self._ctx.__exit__(None, None, None)
+        return {"file": self.path.name, "offset": int(offset), "count": self.ntotal, "sha256": sha256_file(self.path)}
+
+
+def code_bytes(shard: faiss.Index) -> int:
+    if isinstance(shard, faiss.IndexIVF):
+        return shard.ntotal * (shard.code_size + 8) + shard.nlist * shard.d * 4  # codes, int64 ids, centroids
+    if isinstance(shard, faiss.IndexFlatCodes):
+        return shard.ntotal * shard.code_size
+    return int(faiss.serialize_index(shard).nbytes)
+
+
+_POOLS: dict = {}
+
+
+def _pool(n: int):
+    """One thread pool per shard count, made on first use and kept (a search is milliseconds).
+    OpenMP's thread count is per calling thread, so each worker takes cores / n of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if n not in _POOLS:
+        per = max(1, faiss.omp_get_max_threads() // n)
+        _POOLS[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="shard-search",
+                                       initializer=faiss.omp_set_num_threads, initargs=(per,))
+    return _POOLS[n]
 
 
 def to_gpus(index: ShardedIndex, gpus: Sequence[int] | None = None) -> ShardedIndex:
@@ -171,7 +298,8 @@ def to_gpus(index: ShardedIndex, gpus: Sequence[int] | None = None) -> ShardedIn
     moved = []
     for s, shard in enumerate(index.shards):
         g = gpus[s % len(gpus)]
-        moved.append(faiss.index_cpu_to_gpu(resources[g], g, gpu_flat(shard), options))
+        form = shard if isinstance(shard, faiss.IndexIVF) else gpu_flat(shard)  # FAISS has a GPU IVF-SQ
+        moved.append(faiss.index_cpu_to_gpu(resources[g], g, form, options))
     out = ShardedIndex(moved, index.offsets, index.index_type)
     out.gpu_resources = resources  # the GPU indexes need them alive
     return out

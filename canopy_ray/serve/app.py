@@ -58,8 +58,9 @@ def graph(cfg: CanopyConfig):
 
         n = len(read_manifest(s.index_dir)["shards"])
         searchers = [ShardSearcher.options(name=f"ShardSearcher{i}", **_options(cfg, s.retriever_limits))
-                     .bind(s.index_dir, i) for i in range(n)]
-    retriever = Retriever.options(**_options(cfg, s.retriever_limits)).bind(s.index_dir, searchers)
+                     .bind(s.index_dir, i, cfg.retrieval.nprobe) for i in range(n)]
+    retriever = Retriever.options(**_options(cfg, s.retriever_limits)).bind(s.index_dir, searchers,
+                                                                            cfg.retrieval.nprobe)
     llm = None
     if cfg.llm.backend == "local":
         llm = LLMServer.options(**_options(cfg, s.llm_limits)).bind(cfg)

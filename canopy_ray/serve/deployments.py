@@ -207,11 +207,11 @@ class Refiner:
 class ShardSearcher:
     """One FAISS shard of the index; returns global positions."""
 
-    def __init__(self, index_dir: str, shard: int):
+    def __init__(self, index_dir: str, shard: int, nprobe: int | None = None):
         from canopy_ray.index import load_shard
         from canopy_ray.index.shards import to_gpus
 
-        self.index = to_gpus(load_shard(index_dir, shard, verify=True))  # stays on CPU without GPUs
+        self.index = to_gpus(load_shard(index_dir, shard, verify=True, nprobe=nprobe))  # stays on CPU without GPUs
 
     def search(self, query_vec: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.index.search(query_vec[None, :], k)
@@ -221,12 +221,13 @@ class ShardSearcher:
 class Retriever:
     """Top-k item search over the unified index and item fetch by id."""
 
-    def __init__(self, index_dir: str | None, shard_searchers: list | None = None):
+    def __init__(self, index_dir: str | None, shard_searchers: list | None = None, nprobe: int | None = None):
         from canopy_ray.index import load_index
 
         # Without an index the deployment still exists (so one Serve YAML fits both cases);
-        # the ingress answers /v1/answer with 503 then.
-        self.index = load_index(index_dir, verify=True) if index_dir else None
+        # the ingress answers /v1/answer with 503 then. The shards are memory-mapped: replicas
+        # on one node share one copy of them in the page cache.
+        self.index = load_index(index_dir, verify=True, nprobe=nprobe) if index_dir else None
         if self.index is not None:
             from canopy_ray.index.shards import to_gpus
 

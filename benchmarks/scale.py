@@ -1,0 +1,662 @@
+"""How retrieval cost grows with the corpus: N synthetic items through the index writer, searched
+three ways, plus the approximate (ivf) form.
+
+Per N (and dim), each step in its own process so that its peak memory is its own:
+
+- ``build``: seeded clustered unit vectors (a Gaussian mixture in a 48-dimensional subspace
+  plus full-dimensional noise, so neighbours are not confined to one cluster and approximate
+  search is not trivially easy) and, up to ``--nodes-up-to`` items, ~6.6 synthetic node
+  vectors per item, generated chunk by chunk into :class:`canopy_ray.index.writer.IndexWriter`
+  (sharded fp16 form: FAISS shards, item table, node store, manifest; the time spent generating
+  is reported apart). The floor, one FAISS fp16 index of the same vectors, is streamed from
+  the shards' stored vectors to one file (``ShardFile``: the bytes ``faiss.write_index``
+  writes); the ivf form goes from them through the same writer.
+- ``floor``: FAISS directly on the one index (memory-mapped as the project maps its shards);
+- ``sharded``: ``load_index`` (checksums verified) and the sharded search with its exact merge;
+  recall against the floor's results on the same queries; node-store lookups and item fetches
+  for k = 10 items;
+- ``serve``: the ``Retriever`` deployment on a local Ray Serve (127.0.0.1), called over its handle
+  one query at a time (batch 1) and 32 in flight; the replica's start-up and peak memory;
+- ``ivf``: recall@10 against the floor and queries/s for a sweep of ``nprobe``.
+
+Results accumulate in ``results/bench/scale.json`` (one record per step, N and dim), rendered
+to ``scale.md`` and ``scale.png`` after every step. Times are wall-clock on a shared machine:
+compare the forms within one N (one run), and the slopes across N.
+
+    python benchmarks/scale.py --n 100000 1000000 --root /tmp/scale
+    nice -n 10 python benchmarks/scale.py --n 10000000 --root /tmp/scale --nodes-up-to 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+LATENT, CLUSTERS, SPREAD, NOISE = 48, 256, 1.0, 0.1
+CHUNK, SEED, K = 250_000, 0, 10
+SHARDS = 2  # configs/cpu.yaml's retrieval.shards
+NPROBES = (4, 8, 16, 32, 64)
+
+
+# ---- data ---------------------------------------------------------------------------------
+
+def mixture(dim: int, seed: int = SEED):
+    r = np.random.default_rng([seed, dim, 0])
+    basis = np.linalg.qr(r.standard_normal((dim, LATENT)))[0].T.astype(np.float32)  # LATENT x dim
+    centers = r.standard_normal((CLUSTERS, LATENT)).astype(np.float32)
+    spread = (SPREAD * r.uniform(0.5, 1.5, CLUSTERS)).astype(np.float32)
+    return basis, centers, spread
+
+
+def vectors(mix, stream: int, n: int) -> np.ndarray:
+    """``n`` unit vectors of chunk ``stream`` (any chunk can be made again on its own)."""
+    basis, centers, spread = mix
+    r = np.random.default_rng([SEED, 1, stream])
+    c = r.integers(0, len(centers), n)
+    z = centers[c] + spread[c, None] * r.standard_normal((n, LATENT), dtype=np.float32)
+    x = z @ basis
+    x += NOISE * r.standard_normal(x.shape, dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x
+
+
+def chunks(n: int):
+    for i, a in enumerate(range(0, n, CHUNK)):
+        yield i, a, min(n, a + CHUNK)
+
+
+def queries(mix, n: int) -> np.ndarray:
+    return vectors(mix, 10**6, n)  # a stream no item chunk uses
+
+
+def node_rows(n_items: int, stream: int, dim: int):
+    """Per item ~6.6 nodes (2n - 1 for n leaves, n = 1 + Poisson(2.8)), synthetic distinct
+    spans and fp16 unit vectors."""
+    r = np.random.default_rng([SEED, 2, stream])
+    counts = 2 * (1 + r.poisson(2.8, n_items)) - 1
+    total = int(counts.sum())
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    j = np.arange(total) - first
+    spans = np.stack([j, j + 1], axis=1).astype(np.int32)
+    block = r.standard_normal((min(total, 65_536), dim), dtype=np.float32)
+    block = (block / np.linalg.norm(block, axis=1, keepdims=True)).astype(np.float16)
+    return counts, spans, np.resize(block, (total, dim))  # a block repeated: values do not change a lookup's cost
+
+
+def item_columns(a: int, b: int):
+    import pyarrow as pa
+
+    ids = [f"syn-{i:09d}" for i in range(a, b)]
+    items = [f'{{"id": "{i}", "modality": "text", "text": "Synthetic item {i}."}}' for i in ids]
+    return pa.array(ids), pa.array(["text"] * (b - a)), pa.array(items)
+
+
+# ---- measuring -------------------------------------------------------------------------------
+
+def mem(pid: int | str = "self") -> dict:
+    """Resident memory in GiB: total, anonymous (the process's own), file-backed (mapped files,
+    shared through the page cache) and the peak (VmHWM)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, val = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+            out[{"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "VmHWM": "peak"}[key]] = \
+                round(int(val.split()[0]) / 2**20, 3)
+    return out
+
+
+def du(paths) -> int:
+    return int(sum(p.stat().st_size for path in paths for p in ([path] if path.is_file() else path.rglob("*"))
+                   if p.is_file()))
+
+
+def timed_search(search, qs: np.ndarray, batch: int, budget_s: float, max_batches: int) -> dict:
+    return timed({"x": search}, qs, batch, budget_s, max_batches)["x"]
+
+
+def timed(searches: dict, qs: np.ndarray, batch: int, budget_s: float, max_batches: int, warm: bool = True) -> dict:
+    """Per search: latency per call (p50/p99, ms) and queries/s over up to ``max_batches`` calls
+    of ``batch`` queries (stopping after ``budget_s`` in all). Several searches take turns on
+    the same batches, so a load change on the shared machine hits them alike. A first call
+    of each (``warm``: page faults, thread pools) is not counted."""
+    for fn in searches.values() if warm else ():
+        fn(qs[:batch])
+    lat = {name: [] for name in searches}
+    t0 = time.perf_counter()
+    for b in range(max_batches):
+        q = qs[(b * batch) % len(qs):][:batch]
+        if len(q) < batch:
+            q = qs[:batch]
+        names = list(searches) if b % 2 == 0 else list(searches)[::-1]
+        for name in names:
+            t = time.perf_counter()
+            searches[name](q)
+            lat[name].append(time.perf_counter() - t)
+        if time.perf_counter() - t0 > budget_s:
+            break
+    return {name: {"batch": batch, "calls": len(v), "qps": round(batch * len(v) / sum(v), 3),
+                   "p50_ms": round(float(np.percentile(v, 50)) * 1e3, 3),
+                   "p99_ms": round(float(np.percentile(v, 99)) * 1e3, 3)} for name, v in lat.items()}
+
+
+def budgets(n: int) -> dict:
+    """Queries per measurement, fewer as a flat scan grows (time on 2 cores is the limit)."""
+    big = n >= 5_000_000
+    return {"b1": (5 if big else 200, 30.0), "b32": (1 if big else 8, 60.0), "recall": 32 if big else 256}
+
+
+# ---- steps -------------------------------------------------------------------------------------
+
+def stored_vectors(index_dir: Path):
+    """``(first row, float32 chunk)`` of the sharded index's vectors as stored: an fp16 code is the
+    vector's fp16 components, read from the end of each shard file (no second generator pass)."""
+    from canopy_ray.index.manifest import read_manifest
+
+    m = read_manifest(index_dir)
+    for e in m["shards"]:
+        path, n = index_dir / e["file"], e["count"]
+        codes = np.memmap(path, np.float16, "r", offset=path.stat().st_size - n * m["dim"] * 2, shape=(n, m["dim"]))
+        for a in range(0, n, CHUNK):
+            yield e["offset"] + a, np.asarray(codes[a:a + CHUNK], np.float32)
+
+
+def step_build(n: int, dim: int, root: Path, form: str, nodes_up_to: int, nlist: int | None) -> dict:
+    """``sharded``: generate and write; ``floor`` and ``ivf``: from the sharded index's stored
+    vectors (the same fp16 values), so only the sharded build pays for generating."""
+    import faiss
+
+    from canopy_ray.index.shards import MMAP_FLAGS, ShardFile, auto_nlist, train_size, trained
+    from canopy_ray.index.writer import IndexWriter, sample_rows
+
+    out, src = root / f"{form}-{n}-{dim}", root / f"sharded-{n}-{dim}"
+    t0 = time.perf_counter()
+    gen_s, extra = 0.0, {}
+    if form == "floor":  # streamed: the bytes faiss.write_index writes for the whole index, one chunk in memory
+        floor = ShardFile(out / "floor.faiss", trained(dim, "sq_fp16"))
+        for _, x in stored_vectors(src):
+            floor.add(x)
+        floor.close(0)
+    elif form == "ivf":
+        nlist = nlist or auto_nlist(n)
+        first = next(stored_vectors(src))[1]  # rows are drawn independently: a random sample of the corpus
+        sample = first[sample_rows(len(first), train_size(nlist, n), SEED)]
+        del first
+        t = time.perf_counter()
+        writer = IndexWriter(out, count=n, dim=dim, index_type="ivf", shards=SHARDS, sample=sample, nlist=nlist)
+        extra["train_s"] = round(time.perf_counter() - t, 2)
+        for a, x in _progress(stored_vectors(src), n, form):
+            writer.add(*item_columns(a, a + len(x)), x)
+        extra["nlist"] = writer.close(model_id="synthetic", encoder="synthetic", adapter_id="synthetic")["nlist"]
+    else:
+        mix = mixture(dim)
+        with_nodes = n <= nodes_up_to
+        total_nodes = sum(int(node_rows(b - a, i, 1)[0].sum()) for i, a, b in chunks(n)) if with_nodes else 0
+        writer = IndexWriter(out, count=n, dim=dim, nodes=total_nodes, index_type="sq_fp16", shards=SHARDS)
+        for i, a, b in _progress(chunks(n), n, form):
+            t = time.perf_counter()
+            cols, x = item_columns(a, b), vectors(mix, i, b - a)
+            node = node_rows(b - a, i, dim) if with_nodes else (None, None, None)
+            gen_s += time.perf_counter() - t
+            writer.add(*cols, x, *node)
+        m = writer.close(model_id="synthetic", encoder="synthetic", adapter_id="synthetic")
+        extra = {"nodes": m["nodes"], "node_store": with_nodes}
+        # the fp16 codes read back as stored are the generator's vectors in fp16
+        shard = faiss.read_index(str(out / m["shards"][-1]["file"]), MMAP_FLAGS)
+        a, x = next(stored_vectors(out))
+        assert a == 0 and np.array_equal(faiss.read_index(str(out / m["shards"][0]["file"]), MMAP_FLAGS)
+                                         .reconstruct_n(0, 5), x[:5]) and shard.ntotal == m["shards"][-1]["count"]
+    secs = time.perf_counter() - t0
+    return {"build_s": round(secs, 2), "generate_s": round(gen_s, 2), "disk_bytes": du([out]), "build_mem": mem(),
+            **extra}
+
+
+def _progress(it, n: int, form: str):
+    from tqdm import tqdm
+
+    return tqdm(it, total=-(-n // CHUNK), desc=f"write {form} {n:,}", unit="chunk", file=sys.stderr)
+
+
+def recall(got: np.ndarray, want: np.ndarray) -> float:
+    return round(float(np.mean([len(set(a[a >= 0]) & set(w)) / K for a, w in zip(got, want)])), 4)
+
+
+def step_search(n: int, dim: int, root: Path) -> dict:
+    """FAISS on the one index (the floor) and the sharded search, in one process, taking turns."""
+    import faiss
+
+    from canopy_ray.index import load_index
+    from canopy_ray.index.shards import MMAP_FLAGS
+
+    b = budgets(n)
+    qs = queries(mixture(dim), max(b["recall"], 200))
+    m0 = mem()
+    t = time.perf_counter()
+    floor = faiss.read_index(str(root / f"floor-{n}-{dim}" / "floor.faiss"), MMAP_FLAGS)
+    res = {"floor": {"load_s": round(time.perf_counter() - t, 3), "mem_after_load": mem()}}
+    out = root / f"sharded-{n}-{dim}"
+    t = time.perf_counter()
+    index = load_index(out, verify=True)
+    sh = {"load_s": round(time.perf_counter() - t, 3), "mem_before_load": m0}
+    t = time.perf_counter()
+    load_index(out, verify=False)
+    sh["load_noverify_s"] = round(time.perf_counter() - t, 3)
+    sh["mem_after_load"] = mem()
+    ways = {"floor": lambda q: floor.search(q, K), "sharded": lambda q: index.shards.search(q, K)}
+    if n >= 5_000_000:  # both indexes do not fit in the page cache here: one after the other, each cached
+        res["order"] = sh["order"] = "one after the other (floor, then sharded)"
+        for name, fn, rec in (("floor", ways["floor"], res["floor"]), ("sharded", ways["sharded"], sh)):
+            rec["b1"] = timed_search(fn, qs, 1, b["b1"][1], b["b1"][0])
+            t = time.perf_counter()
+            got = fn(qs[:32])[1]  # FAISS scans the codes once per query: 32 passes, so one batch
+            rec["b32"] = {"batch": 32, "calls": 1, "qps": round(32 / (time.perf_counter() - t), 3),
+                          "p50_ms": round((time.perf_counter() - t) * 1e3, 3), "p99_ms": None}
+            if name == "floor":
+                want = got
+                np.save(root / f"floor-{n}-{dim}" / "ids.npy", want)
+            else:
+                sh["recall_vs_floor"] = recall(got, want)
+    else:
+        for name, kind in (("b1", 1), ("b32", 32)):
+            got = timed(ways, qs, kind, b[name][1], b[name][0], warm=kind == 1)
+            res["floor"][name], sh[name] = got["floor"], got["sharded"]
+        want = floor.search(qs[:b["recall"]], K)[1]
+        sh["recall_vs_floor"] = recall(index.shards.search(qs[:b["recall"]], K)[1], want)
+        np.save(root / f"floor-{n}-{dim}" / "ids.npy", want)
+        sh["ids_b1"] = timed_search(lambda q: index.search(q, K), qs, 1, b["b1"][1] / 3, b["b1"][0] // 4)
+    rng = np.random.default_rng(7)
+    picks = [[f"syn-{i:09d}" for i in rng.integers(0, n, K)] for _ in range(50)]
+    t = time.perf_counter()
+    index.items(picks[0])  # first fetch: reads the item column and sorts the ids once
+    sh["fetch_first_s"] = round(time.perf_counter() - t, 3)
+    sh["fetch_k10"] = _lat(lambda p: index.items(p), picks)
+    if len(index.nodes):
+        sh["nodes_k10"] = _lat(lambda p: [index.nodes.lookup(i) for i in p], picks)
+    sh["mem_after_search"] = res["floor"]["mem_after_search"] = mem()  # one process: both maps
+    res["sharded"] = sh
+    return res
+
+
+def _lat(fn, args) -> dict:
+    fn(args[0])
+    lat = []
+    for a in args:
+        t = time.perf_counter()
+        fn(a)
+        lat.append(time.perf_counter() - t)
+    return {"calls": len(lat), "p50_ms": round(float(np.percentile(lat, 50)) * 1e3, 3),
+            "p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 3)}
+
+
+def step_serve(n: int, dim: int, root: Path) -> dict:
+    import tempfile
+
+    import psutil
+    import ray
+    from ray import serve
+
+    from canopy_ray.index import load_index
+    from canopy_ray.serve.deployments import Retriever
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from floor import free_port
+
+    b = budgets(n)
+    out = root / f"sharded-{n}-{dim}"
+    qs = queries(mixture(dim), 200)
+    for attempt in range(3):  # Ray gives its raylet 30 s to start, which a busy machine can exceed
+        try:
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     _temp_dir=tempfile.mkdtemp(prefix="ray-scale-"))
+            break
+        except Exception as e:
+            if attempt == 2 or "timed out during startup" not in str(e):
+                raise
+            ray.shutdown()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
+        t = time.perf_counter()
+        handle = serve.run(Retriever.options(max_ongoing_requests=64).bind(str(out)), name="scale",
+                           route_prefix=None)
+        res = {"start_s": round(time.perf_counter() - t, 3)}
+        pid = next(p.pid for p in psutil.Process().children(recursive=True) if "Retriever" in " ".join(_cmd(p)))
+        res["replica_mem_after_load"] = mem(pid)
+
+        local = load_index(out, verify=False)  # the same mapped files: no second copy in memory
+
+        def one(q):
+            return handle.search.remote(q[0], K).result()
+
+        def many(q):  # 32 requests in flight at once, one query each (the Retriever's API)
+            return [r.result() for r in [handle.search.remote(v, K) for v in q]]
+
+        got = timed({"serve": one, "sharded": lambda q: local.search(q, K)}, qs, 1, b["b1"][1], b["b1"][0])
+        res["b1"], res["sharded_b1"] = got["serve"], got["sharded"]
+        got = timed({"serve": many, "sharded": lambda q: local.search(q, K)}, qs, 32, b["b32"][1], b["b32"][0],
+                    warm=False)
+        res["b32"], res["sharded_b32"] = got["serve"], got["sharded"]
+        res["replica_mem_after_search"] = mem(pid)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return res
+
+
+def _cmd(p) -> list[str]:
+    try:
+        return p.cmdline()
+    except Exception:  # a process gone since the listing
+        return []
+
+
+def step_ivf(n: int, dim: int, root: Path) -> dict:
+    from canopy_ray.index import load_index
+
+    b = budgets(n)
+    qs = queries(mixture(dim), max(b["recall"], 200))
+    t = time.perf_counter()
+    index = load_index(root / f"ivf-{n}-{dim}", verify=True)
+    res = {"load_s": round(time.perf_counter() - t, 3), "mem_after_load": mem(), "sweep": []}
+    want = np.load(root / f"floor-{n}-{dim}" / "ids.npy")
+    for nprobe in NPROBES:
+        sh = index.shards.set_nprobe(nprobe)
+        _, pos = sh.search(qs[:b["recall"]], K)
+        res["sweep"].append({"nprobe": nprobe, "recall_vs_floor": recall(pos, want),
+                             "b1": timed_search(lambda q: sh.search(q, K), qs, 1, 15.0, 200),
+                             "b32": timed_search(lambda q: sh.search(q, K), qs, 32, 20.0, 8)})
+    res["mem_after_search"] = mem()
+    return res
+
+
+def step_ivf_onepass(n: int, dim: int, root: Path) -> dict:
+    """Where the fp16 index does not stay in the page cache (10M x 384 next to other jobs' memory):
+    the exact top-10 of one batch of 32 queries from a single pass over the stored codes (fp16
+    decoded blockwise, scored with one matrix product per block), then the ivf sweep against it."""
+    from canopy_ray.index import load_index
+
+    qs = queries(mixture(dim), 200)
+    q = qs[:32]
+    t = time.perf_counter()
+    best_s = np.full((32, K), -np.inf, np.float32)
+    best_i = np.zeros((32, K), np.int64)
+    for a, x in stored_vectors(root / f"sharded-{n}-{dim}"):
+        s = q @ x.T
+        top = np.argpartition(-s, K, axis=1)[:, :K]
+        cand_s = np.concatenate([best_s, np.take_along_axis(s, top, 1)], 1)
+        cand_i = np.concatenate([best_i, top + a], 1)
+        keep = np.argsort(-cand_s, axis=1, kind="stable")[:, :K]
+        best_s, best_i = np.take_along_axis(cand_s, keep, 1), np.take_along_axis(cand_i, keep, 1)
+    one_pass = time.perf_counter() - t
+    res = {"exact_one_pass_b32": {"batch": 32, "calls": 1, "qps": round(32 / one_pass, 3),
+                                  "p50_ms": round(one_pass * 1e3, 1)}}
+    t = time.perf_counter()
+    index = load_index(root / f"ivf-{n}-{dim}", verify=False)
+    res.update({"load_noverify_s": round(time.perf_counter() - t, 3), "mem_after_load": mem(), "sweep": []})
+    for nprobe in (8, 16, 32, 64):
+        sh = index.shards.set_nprobe(nprobe)
+        got = sh.search(q, K)[1]
+        res["sweep"].append({"nprobe": nprobe, "recall_vs_floor": recall(got, best_i),
+                             "b1": timed_search(lambda x: sh.search(x, K), qs, 1, 10.0, 100),
+                             "b32": timed_search(lambda x: sh.search(x, K), qs, 32, 10.0, 4)})
+    res["mem_after_search"] = mem()
+    return res
+
+
+STEPS = {"search": step_search, "serve": step_serve, "ivf": step_ivf, "ivf_onepass": step_ivf_onepass}
+
+
+# ---- driver ------------------------------------------------------------------------------------
+
+def run_step(args, step: str, n: int, dim: int) -> dict:
+    """One step in a fresh interpreter (its own peak memory); its record."""
+    cmd = [sys.executable, __file__, "--step", step, "--n", str(n), "--dim", str(dim), "--root", str(args.root),
+           "--nodes-up-to", str(args.nodes_up_to)] + (["--nlist", str(args.nlist)] if args.nlist else [])
+    print(f"[scale] {step} N={n:,} dim={dim}", file=sys.stderr, flush=True)
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    rec = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    print(f"[scale] {step} N={n:,} done in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+    return rec
+
+
+def save(results: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, sort_keys=True))
+    path.with_suffix(".md").write_text(report(results, path.with_suffix(".png")))
+
+
+def report(results: dict, png: Path) -> str:
+    recs = sorted(results.values(), key=lambda r: (r["dim"], r["n"]))
+    g = lambda r, *ks: _get(r, ks)  # noqa: E731
+    lines = [f"# Retrieval cost against corpus size ({'`python benchmarks/scale.py`'})", "",
+             "Synthetic clustered unit vectors (seeded; a 256-component Gaussian mixture in a 48-dimensional "
+             "subspace plus full-dimensional noise), written by `canopy_ray.index.writer.IndexWriter` "
+             f"({SHARDS} fp16 shards, as `configs/cpu.yaml`), searched for k = {K}. Every number is measured on a "
+             "2-core machine shared with other jobs: compare forms within one N, and slopes across N. "
+             "Memory in GiB: `anon` is the process's own, `file` mapped index files (the page cache, shared by "
+             "every process mapping them), `peak` the high-water mark (VmHWM, both kinds).", "",
+             "## Build (one process per form; disk in GB = 1e9 bytes)", "",
+             "| N | dim | form | build s | on disk GB | peak GiB (anon now) | notes |", "|---|---|---|---|---|---|---|"]
+    for r in recs:
+        for form in ("floor", "sharded", "ivf"):
+            b = r.get(f"build_{form}")
+            if not b:
+                continue
+            note = {"floor": "one FAISS fp16 index, one file",
+                    "sharded": f"fp16 shards + items + node store ({b.get('nodes', 0):,} nodes)" if b.get("node_store")
+                    else "fp16 shards + items (no node store)",
+                    "ivf": f"nlist {b.get('nlist')}, trained in {b.get('train_s')} s"}[form]
+            if "generate_s" not in b:
+                note += "; the time includes generating the vectors"
+            elif form == "sharded":
+                note += f"; of which {b['generate_s']} s generating the synthetic rows"
+            else:
+                note += "; from the sharded index's stored vectors"
+            lines.append(f"| {r['n']:,} | {r['dim']} | {form} | {b['build_s']} | {b['disk_bytes'] / 1e9:.2f} | "
+                         f"{g(b, 'build_mem', 'peak')} ({g(b, 'build_mem', 'anon')}) | {note} |")
+    lines += ["", "## Load and memory", "",
+              "Shards are memory-mapped (`IO_FLAG_MMAP_IFC`): loading reads the manifest, verifies checksums "
+              "(`load_index(verify=True)`, as the Retriever does) and maps the files; pages come in as searches "
+              "touch them. The floor and the sharded index are loaded in one process (both mapped), so its "
+              "memory after searching holds both.", "",
+              "| N | dim | process | load s | after load: rss / anon / file | after searching: rss / anon / file | peak |",
+              "|---|---|---|---|---|---|---|"]
+    for r in recs:
+        for step, label, lk, m0, m1 in (("floor", "FAISS, one index", "load_s", "mem_after_load", None),
+                                        ("sharded", "load_index (verify), same process", "load_s", "mem_after_load",
+                                         "mem_after_search"),
+                                        ("serve", "Retriever replica (start)", "start_s", "replica_mem_after_load",
+                                         "replica_mem_after_search"),
+                                        ("ivf", "load_index ivf", "load_s", "mem_after_load", "mem_after_search")):
+            x = r.get(step)
+            if not x:
+                continue
+            mm = lambda m: f"{m.get('rss')} / {m.get('anon')} / {m.get('file')}" if m else "-"  # noqa: E731
+            extra = f" (no verify {x['load_noverify_s']})" if "load_noverify_s" in x else ""
+            lines.append(f"| {r['n']:,} | {r['dim']} | {label} | {x.get(lk)}{extra} | {mm(x.get(m0))} | "
+                         f"{mm(x.get(m1)) if m1 else 'below'} | {g(x, m1, 'peak') if m1 else ''} |")
+    lines += ["", "## Exact search: three ways", "",
+              "batch 1: one query per call; batch 32: 32 queries per call (Serve: 32 single-query requests in "
+              "flight, the Retriever's API). Each pair of ways takes turns on the same batches in one process, so "
+              "compare within a pair. Recall: the sharded search's top-10 positions against the one index's on "
+              "the same queries.", "",
+              "| N | dim | way | b1 q/s | b1 p50 ms | b1 p99 ms | b32 q/s | b32 p50 ms | b32 p99 ms | recall |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in recs:
+        sv = r.get("serve") or {}
+        for step, label, x in (("floor", "FAISS, one fp16 index (floor)", r.get("floor")),
+                               ("sharded", "sharded + exact merge (taking turns with the floor)", r.get("sharded")),
+                               ("ids", "CanopyIndex.search (ids, b1 only)", {"b1": g(r, "sharded", "ids_b1")}
+                                if g(r, "sharded", "ids_b1") else None),
+                               ("serve", "Serve Retriever over its handle", sv or None),
+                               ("sharded2", "sharded, in the driver (taking turns with Serve)",
+                                {"b1": sv["sharded_b1"], "b32": sv["sharded_b32"]} if "sharded_b1" in sv else None)):
+            if not x:
+                continue
+            rec = x.get("recall_vs_floor", "1 (reference)" if step == "floor" else "-")
+            lines.append(f"| {r['n']:,} | {r['dim']} | {label} | {g(x, 'b1', 'qps')} | {g(x, 'b1', 'p50_ms')} | "
+                         f"{g(x, 'b1', 'p99_ms')} | {g(x, 'b32', 'qps')} | {g(x, 'b32', 'p50_ms')} | "
+                         f"{g(x, 'b32', 'p99_ms')} | {rec} |")
+    lines += ["", "## Approximate: ivf (fp16 codes in nlist lists, nprobe scanned)", "",
+              "Recall@10 against the flat fp16 index (the floor's results); speed-up against the sharded exact "
+              "search of the same N.", "",
+              "| N | dim | nprobe | recall@10 | b1 q/s | b1 p50 ms | b32 q/s | x exact (b1) | x exact (b32) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in recs:
+        for x in g(r, "ivf", "sweep") or g(r, "ivf_onepass", "sweep") or []:
+            e1, e32 = g(r, "sharded", "b1", "qps"), _exact_b32(r)
+            lines.append(f"| {r['n']:,} | {r['dim']} | {x['nprobe']} | {x['recall_vs_floor']} | {x['b1']['qps']} | "
+                         f"{x['b1']['p50_ms']} | {x['b32']['qps']} | {_ratio(x['b1']['qps'], e1)} | "
+                         f"{_ratio(x['b32']['qps'], e32)} |")
+    for r in recs:
+        x = r.get("ivf_onepass")
+        if x:
+            lines += ["", f"At {r['n']:,} the fp16 index ({g(r, 'build_sharded', 'disk_bytes') / 1e9:.1f} GB) did not stay "
+                      "in the page cache next to other jobs' memory, so a FAISS scan read it from disk; the exact "
+                      "reference for the ivf recall is one blockwise pass over the stored codes for one batch of 32 "
+                      f"queries: {x['exact_one_pass_b32']['p50_ms'] / 1e3:.0f} s, "
+                      f"{x['exact_one_pass_b32']['qps']} q/s (the 'x exact' columns at this N use it)."]
+    lines += ["", "## Item fetch and node-store lookups, k = 10 items", "",
+              "| N | dim | first fetch s (reads ids' order) | fetch p50 / p99 ms | node lookups p50 / p99 ms | nodes |",
+              "|---|---|---|---|---|---|"]
+    for r in recs:
+        x = r.get("sharded")
+        if not x:
+            continue
+        nk = x.get("nodes_k10")
+        lines.append(f"| {r['n']:,} | {r['dim']} | {x.get('fetch_first_s')} | {g(x, 'fetch_k10', 'p50_ms')} / "
+                     f"{g(x, 'fetch_k10', 'p99_ms')} | "
+                     + (f"{nk['p50_ms']} / {nk['p99_ms']} | {g(r, 'build_sharded', 'nodes'):,} |" if nk
+                        else "not built | 0 |"))
+    lines += ["", "## Targets (issue 24), per N", "",
+              "| N | dim | sharded recall | sharded / floor q/s (b32) | Serve adds to sharded p50 (b1) | best ivf "
+              "recall >= 0.95: nprobe, x exact q/s (b32) |", "|---|---|---|---|---|---|"]
+    for r in recs:
+        ok = [x for x in g(r, "ivf", "sweep") or g(r, "ivf_onepass", "sweep") or [] if x["recall_vs_floor"] >= 0.95]
+        best = max(ok, key=lambda x: x["b32"]["qps"]) if ok else None
+        serve_add = _ratio(g(r, "serve", "b1", "p50_ms"), g(r, "serve", "sharded_b1", "p50_ms"), minus_one=True)
+        lines.append(f"| {r['n']:,} | {r['dim']} | {g(r, 'sharded', 'recall_vs_floor')} | "
+                     f"{_ratio(g(r, 'sharded', 'b32', 'qps'), g(r, 'floor', 'b32', 'qps'))} | {serve_add} | "
+                     + (f"{best['nprobe']}, {_ratio(best['b32']['qps'], _exact_b32(r))} |" if best
+                        else "none in the sweep |"))
+    plot(recs, png)
+    lines += ["", f"![cost against N]({png.name})", ""]
+    return "\n".join(lines).replace("| None ", "| - ")
+
+
+def _exact_b32(r: dict):
+    """Exact search q/s at batch 32: the sharded search's, or where the index did not stay in the
+    page cache (10M here), one blockwise pass over the stored codes for the batch."""
+    return _get(r, ("sharded", "b32", "qps")) or _get(r, ("ivf_onepass", "exact_one_pass_b32", "qps"))
+
+
+def _get(d, keys):
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _ratio(a, b, minus_one: bool = False) -> str:
+    if a is None or b is None or not b:
+        return "-"
+    return f"{(a / b - 1) * 100:+.0f}%" if minus_one else f"{a / b:.2f}x"
+
+
+def plot(recs: list[dict], png: Path) -> None:
+    from canopy_ray.plots import pyplot, save
+
+    plt = pyplot()
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.5))
+    for dim in sorted({r["dim"] for r in recs}):
+        rs = [r for r in recs if r["dim"] == dim]
+        ns = [r["n"] for r in rs]
+        tag = f" (dim {dim})"
+
+        def line(a, ys, label, **kw):
+            pts = [(n, y) for n, y in zip(ns, ys) if y]
+            if pts:
+                a.loglog(*zip(*pts), marker="o", label=label + tag, **kw)
+
+        for form in ("floor", "sharded", "ivf"):
+            line(ax[0], [_get(r, (f"build_{form}", "build_s")) for r in rs], form)
+        line(ax[1], [_get(r, ("sharded", "mem_after_search", "rss")) for r in rs], "sharded rss after search")
+        line(ax[1], [_get(r, ("sharded", "mem_after_load", "anon")) for r in rs], "sharded anon after load", ls="--")
+        line(ax[1], [_get(r, ("serve", "replica_mem_after_search", "peak")) for r in rs], "Retriever replica peak")
+        line(ax[1], [_get(r, ("build_sharded", "disk_bytes")) and _get(r, ("build_sharded", "disk_bytes")) / 2**30
+                     for r in rs], "sharded dir on disk (node store to 1M only)", ls=":")
+        for step in ("floor", "sharded", "serve"):
+            line(ax[2], [_get(r, (step, "b1", "p50_ms")) for r in rs], f"{step} b1 p50")
+        ivf = []
+        for r in rs:
+            ok = [x for x in _get(r, ("ivf", "sweep")) or _get(r, ("ivf_onepass", "sweep")) or []
+                  if x["recall_vs_floor"] >= 0.95]
+            ivf.append(min(ok, key=lambda x: x["b1"]["p50_ms"])["b1"]["p50_ms"] if ok else None)
+        line(ax[2], ivf, "ivf b1 p50 (recall>=0.95)")
+    for a, title, yl in ((ax[0], "build time", "seconds"), (ax[1], "memory and disk", "GiB"),
+                         (ax[2], "search latency, batch 1", "ms")):
+        a.set_title(title)
+        a.set_xlabel("items N")
+        a.set_ylabel(yl)
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=7)
+    save(fig, png, 110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--root", type=Path, default=Path("/tmp/canopy-scale"), help="where the indexes are written")
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "bench" / "scale.json")
+    ap.add_argument("--nodes-up-to", type=int, default=1_000_000, help="node store for N up to this")
+    ap.add_argument("--nlist", type=int, default=None, help="ivf lists (default: retrieval.nlist's auto rule)")
+    ap.add_argument("--forms", nargs="+", default=["sharded", "floor", "ivf"], help="indexes to build "
+                    "(floor and ivf from the sharded one's vectors)")
+    ap.add_argument("--steps", nargs="*", default=["build", "search", "serve", "ivf"])
+    ap.add_argument("--keep", action="store_true", help="keep the indexes of each N (default: removed)")
+    ap.add_argument("--step", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.step:  # a child: one step, its record as the last line of stdout
+        n = args.n[0]
+        if args.step.startswith("build-"):
+            rec = step_build(n, args.dim, args.root, args.step[6:], args.nodes_up_to, args.nlist)
+        else:
+            rec = STEPS[args.step](n, args.dim, args.root)
+        print(json.dumps(rec))
+        return
+    results = json.loads(args.results.read_text()) if args.results.exists() else {}
+    if not args.steps:  # render only
+        save(results, args.results)
+        return
+    for n in args.n:
+        key = f"{n}-{args.dim}"
+        rec = results.setdefault(key, {"n": n, "dim": args.dim})
+        for step in args.steps:
+            if step == "build":
+                for form in args.forms:
+                    rec[f"build_{form}"] = run_step(args, f"build-{form}", n, args.dim)
+                    save(results, args.results)
+            elif step == "search":
+                rec.update(run_step(args, step, n, args.dim))
+                save(results, args.results)
+            elif step not in ("ivf", "ivf_onepass") or "ivf" in args.forms:
+                rec[step] = run_step(args, step, n, args.dim)
+                save(results, args.results)
+        if not args.keep:
+            import shutil
+
+            for form in ("floor", "sharded", "ivf"):
+                shutil.rmtree(args.root / f"{form}-{n}-{args.dim}", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
