@@ -48,9 +48,9 @@ class HierarchyConfig(Section):
 
 class RefinementConfig(Section):
     margin: float | Literal["auto"] = Field(
-        0.0, description="split a node only when a child scores >= it + margin (0: the paper's Algorithm 1; "
-                         "larger keeps more text); auto: the margin calibrated for models.adapter "
-                         "(calibration.json beside it, written by `canopy calibrate`)")
+        "auto", description="split a node only when a child scores >= it + margin (0: the paper's Algorithm 1; "
+                            "larger keeps more text); auto: the margin calibrated for models.adapter "
+                            "(calibration.json beside it, written by `canopy calibrate`), 0 without an adapter")
 
     @field_validator("margin")
     @classmethod
@@ -265,14 +265,17 @@ class CanopyConfig(Section):
 
     @property
     def margin(self) -> float:
-        """The refinement margin, ``auto`` read from the adapter's calibration file."""
+        """The refinement margin: ``auto`` reads the adapter's calibration file (f0, no adapter:
+        0, the paper's)."""
         m = self.refinement.margin
         if m != "auto":
             return float(m)
-        path = Path(self.models.adapter or "") / CALIBRATION_FILE
-        if not self.models.adapter or not path.is_file():
-            raise ConfigError(f"refinement.margin is auto but {path if self.models.adapter else 'models.adapter'} "
-                              f"is missing: run `canopy calibrate` or set a number")
+        if not self.models.adapter:
+            return 0.0
+        path = Path(self.models.adapter) / CALIBRATION_FILE
+        if not path.is_file():
+            raise ConfigError(f"refinement.margin is auto but {path} is missing: run `canopy calibrate` "
+                              f"or set refinement.margin to a number")
         return float(json.loads(path.read_text())["margin"])
 
     def override(self, **sections: dict) -> "CanopyConfig":

@@ -25,9 +25,9 @@ def test_compress_takes_dicts_or_items_and_matches_the_compressor():
     from_items = canopy_ray.compress(query, [parse_item(ITEM)], branching=3)
     from canopy_ray.models.encoder import build_encoder
 
-    # the default is the CPU config, tuned adapter included
-    expected = Compressor(build_encoder(canopy_ray.load_config().models)).compress(query, [parse_item(ITEM)],
-                                                                                 branching=3)
+    # the default is the CPU config, tuned adapter and calibrated margin included
+    cfg = canopy_ray.load_config()
+    expected = Compressor.from_config(cfg, build_encoder(cfg.models)).compress(query, [parse_item(ITEM)], branching=3)
     assert [r.kept for r in from_dicts] == [r.kept for r in from_items] == [r.kept for r in expected]
     assert from_dicts[0].scores == pytest.approx(expected[0].scores, abs=1e-5)
     assert len(from_dicts[0].tree.root.children) == 3  # B = 3 over 3 sentences

@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,10 @@ def test_margin_auto_reads_the_adapters_calibration(tmp_path):
     (tmp_path / "calibration.json").write_text('{"margin": 0.025}')
     assert load_config(refinement={"margin": "auto"}, models={"adapter": str(tmp_path)}).margin == 0.025
     assert load_config(refinement={"margin": 0.01}).margin == 0.01
+    assert load_config(models={"adapter": None}).margin == 0.0  # f0: the paper's Algorithm 1
+    shipped = load_config()  # the CPU default: the shipped adapter's calibrated margin
+    assert shipped.refinement.margin == "auto" and shipped.margin == json.loads(
+        (Path(shipped.models.adapter) / "calibration.json").read_text())["margin"]
     with pytest.raises(ConfigError, match="canopy calibrate"):
         load_config(refinement={"margin": "auto"}, models={"adapter": str(tmp_path / "none")}).margin
     with pytest.raises(ConfigError, match="margin"):
