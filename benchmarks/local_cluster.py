@@ -72,7 +72,7 @@ class Node:
     ports: dict[str, int]
     cpus: int
     killed_at: float | None = None
-    pids: list[int] = field(default_factory=list)  # what the kill reached
+    killed: list[str] = field(default_factory=list)  # "PID title" of each process the kill reached
 
     @property
     def metrics_port(self) -> int:
@@ -171,9 +171,14 @@ class LocalCluster:
             raise RuntimeError(f"ray {' '.join(args)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
         return out.stdout
 
+    @staticmethod
+    def _listed(out: str) -> list[dict]:
+        """A ``ray list --format=json`` answer (it prints a sentence, not ``[]``, when nothing matches)."""
+        return [] if out.startswith("No resource") else json.loads(out)
+
     def list_nodes(self) -> list[dict]:
         """The GCS's node table (``ray list nodes``): ``node_id``, ``state``, ``labels``..."""
-        return json.loads(self.ray("list", "nodes", "--format=json", "--detail", "--limit=100"))
+        return self._listed(self.ray("list", "nodes", "--format=json", "--detail", "--limit=100"))
 
     def node_names(self) -> dict[str, str]:
         """node_id -> our name of it (its ``canopy-node`` label)."""
@@ -213,7 +218,7 @@ class LocalCluster:
             args.append(f"--filter=state={state}")
         names = self.node_names()
         counts: dict[str, int] = {}
-        for a in json.loads(self.ray(*args)):
+        for a in self._listed(self.ray(*args)):
             node = names.get(a.get("node_id"), "?")
             counts[node] = counts.get(node, 0) + 1
         return counts
@@ -223,19 +228,43 @@ class LocalCluster:
     def processes(self, name: str) -> list[psutil.Process]:
         return session_processes(self.nodes[name].sid)
 
-    def kill(self, name: str) -> list[int]:
+    def running(self, marker: str) -> dict[str, int]:
+        """Per live node, how many of its processes have ``marker`` in their title (Ray titles
+        an actor's worker ``ray::Class``): where actors run, without asking the cluster."""
+        counts = {}
+        for name, node in self.nodes.items():
+            if node.killed_at is not None:
+                continue
+            n = 0
+            for p in self.processes(name):
+                try:
+                    n += marker in " ".join(p.cmdline())
+                except psutil.Error:
+                    continue
+            if n:
+                counts[name] = n
+        return counts
+
+    def kill(self, name: str) -> list[str]:
         """SIGKILL every process of node ``name`` at once (raylet, object manager, agents, and the
-        worker processes of its tasks and actors), as when the machine loses power; their PIDs."""
+        worker processes of its tasks and actors), as when the machine loses power; ``"PID
+        title"`` of each (Ray titles a worker ``ray::Class.method``)."""
         node = self.nodes[name]
         procs = self.processes(name)
+        titles = []
+        for p in procs:
+            try:
+                titles.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+            except psutil.Error:
+                titles.append(f"{p.pid} ?")
         node.killed_at = time.monotonic()
         for p in procs:
             try:
                 p.send_signal(signal.SIGKILL)
             except psutil.Error:
                 pass
-        node.pids = [p.pid for p in procs]
-        return node.pids
+        node.killed = titles
+        return titles
 
     def left(self, name: str, timeout: float = 10) -> list[str]:
         """Processes of node ``name`` still alive ``timeout`` s after its kill (should be none)."""
