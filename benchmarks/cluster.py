@@ -1,6 +1,6 @@
 """The engine on several Ray nodes, with real node loss (docs/multi-node.md).
 
-    python benchmarks/cluster.py [--parts index] [--items 600] [--out results/bench/cluster.md]
+    python benchmarks/cluster.py [--parts index,serve,autoscale] [--items 600] [--out results/bench/cluster.md]
 
 Every part runs on a :class:`local_cluster.LocalCluster` on 127.0.0.1: a head without CPUs and
 two worker nodes of 2 CPUs, token authentication on. A node is lost by SIGKILL of every process
@@ -12,6 +12,18 @@ of its ``ray start`` session (raylet, agents, the worker processes of its tasks 
   (Ray Data restarts the lost actor on the surviving node and retries its slices) or, if it
   fails, the same command again resumes it. Its index must equal the uninterrupted run's; the
   table gives both wall times and what the loss cost.
+- ``serve``: the application (configs/cpu.yaml's, no LLM) by ``serve deploy``, two replicas of
+  each model deployment spread over the workers and the Ingress beside the proxy on the head
+  (:func:`serve_yaml`); distinct /v1/compress requests at concurrency 4, worker-1 SIGKILLed
+  after 20 s. Per second: answered and failed requests, p99; when the GCS marked the node dead,
+  when a request succeeded again, when every model deployment was back to two replicas.
+- ``autoscale``: ``configs/serve-cluster.yaml`` as committed (autoscaling 2..N replicas) under a
+  load ramp (:data:`RAMP`); replicas per deployment (``serve status`` every 2 s), answered req/s
+  and p50/p99 over time. On 2 shared cores more replicas cannot add throughput: the figure shows
+  the autoscaler's decisions and what latency does meanwhile.
+
+``--out`` also keeps the raw results as JSON beside the report, so a part can be run again alone
+(``--parts serve``) and the report redrawn with the others kept.
 
 The run's own numbers only: wall times are compared within one run (other work shares the CPUs).
 """
@@ -19,6 +31,7 @@ The run's own numbers only: wall times are compared within one run (other work s
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -134,6 +147,256 @@ def _planned_shards(out: Path) -> int | None:
         return None
 
 
+# ---------------------------------------------------------------- Serve across nodes
+
+SERVE = str(Path(sys.executable).parent / "serve")
+SPREAD = ("QueryEncoder", "NodeEncoder", "Refiner")  # the model deployments, 2 replicas each over the workers
+
+
+def serve_yaml(work: Path, port: int, replicas: int = 2) -> Path:
+    """A Serve config for ``serve deploy``: configs/cpu.yaml's application without an LLM
+    (/v1/compress needs none), ``replicas`` replicas of each model deployment, and the Ingress
+    beside the HTTP proxy on the head (it asks for the head's ``ingress`` resource and no CPU),
+    so that losing a worker never takes the replica that answers HTTP: every request then gets
+    JSON, a 200 or a 5xx with a reason."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "configs" / "cpu.yaml").read_text())
+    cfg["llm"] = {"backend": "openai", "url": "http://127.0.0.1:9/v1", "model": "unused"}
+    (work / "canopy.yaml").write_text(yaml.safe_dump(cfg))
+    app = {"name": "canopy", "route_prefix": "/", "import_path": "canopy_ray.serve:build_app",
+           "args": {"config": str(work / "canopy.yaml")},
+           "deployments": [{"name": "Ingress", "num_replicas": 1,
+                            "ray_actor_options": {"num_cpus": 0, "resources": {"ingress": 1}}},
+                           *({"name": d, "num_replicas": replicas} for d in SPREAD),
+                           {"name": "Retriever", "num_replicas": 1}]}
+    path = work / "serve.yaml"
+    path.write_text(yaml.safe_dump({"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": port},
+                                    "applications": [app]}))
+    return path
+
+
+def serve_deploy(cluster: LocalCluster, config: Path, url: str, timeout: float = 400) -> float:
+    """``serve deploy`` to the cluster, then wait for /healthz and every replica; seconds taken."""
+    import httpx
+
+    t0 = time.perf_counter()
+    out = subprocess.run([SERVE, "deploy", str(config), "-a", cluster.dashboard_url], env=cluster.env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(f"serve deploy failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/healthz", timeout=10).status_code == 200 and \
+                    running(app_status(cluster)):
+                return time.perf_counter() - t0
+        except (httpx.HTTPError, RuntimeError, KeyError, TypeError, subprocess.TimeoutExpired):
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"the application was not running within {timeout} s: {app_status(cluster)}")
+
+
+def app_status(cluster: LocalCluster) -> dict[str, str]:
+    """``serve status``: the application's and each deployment's status."""
+    import yaml
+
+    out = subprocess.run([SERVE, "status", "-a", cluster.dashboard_url], env=cluster.env, capture_output=True,
+                         text=True, timeout=60)
+    app = yaml.safe_load(out.stdout)["applications"]["canopy"]
+    return {"app": app["status"], **{name: d["status"] for name, d in app["deployments"].items()}}
+
+
+def running(status: dict[str, str]) -> bool:
+    return status.pop("app") == "RUNNING" and all(v == "HEALTHY" for v in status.values())
+
+
+def replicas_by_node(cluster: LocalCluster) -> dict[str, dict[str, int]]:
+    """Live replicas of each deployment per node (``ray list actors``)."""
+    out: dict[str, dict[str, int]] = {}
+    for a in cluster.list_actors(state="ALIVE"):
+        if a["class_name"].startswith("ServeReplica:canopy:"):
+            d = a["class_name"].split(":")[-1]
+            out.setdefault(d, {})
+            out[d][a["node"]] = out[d].get(a["node"], 0) + 1
+    return out
+
+
+def compress_body(i: int) -> str:
+    """A distinct /v1/compress request (no cache holds its nodes: the NodeEncoder must encode)."""
+    return json.dumps({"query": f"When was tower {i} built?", "items": [
+        {"id": "p", "modality": "text", "title": f"Tower {i}",
+         "sentences": [f"Tower {i} stands in town {i}.", f"It was built in {1800 + i % 200}.",
+                       f"It is {100 + i % 300} metres tall.", "Visitors climb it every day.",
+                       f"Its architect was Builder {i}."]}]})
+
+
+async def serve_with_node_loss(cluster: LocalCluster, url: str, concurrency: int = 4, before_s: float = 20,
+                               after_full_s: float = 15, victim: str = "worker-1", hang_s: float = 120,
+                               limit_s: float = 240, replicas: int = 2) -> tuple[list, dict]:
+    """Requests at ``concurrency`` for ``before_s``, then node ``victim`` SIGKILLed, and load
+    until ``after_full_s`` after full service returned (every model deployment back to
+    ``replicas`` live replicas, none on the victim) or ``limit_s``. The replies and times:
+    ``kill`` (perf_counter), ``dead_s`` (the GCS marked the node dead), ``first_ok_s`` (a request
+    sent after the kill succeeded), ``full_s``."""
+    import httpx
+
+    from faults import send
+
+    at: dict = {"victim": victim}
+    replies: list = []
+    stop = asyncio.Event()
+    count = iter(range(10**9))
+
+    async def worker(client):
+        while not stop.is_set():
+            replies.append(await send(client, url + "/v1/compress", compress_body(next(count)), hang_s))
+
+    def full() -> bool:
+        placed = replicas_by_node(cluster)
+        return all(sum(n for node, n in placed.get(d, {}).items() if node != victim) >= replicas
+                   and victim not in placed.get(d, {}) for d in SPREAD)
+
+    async def watch():
+        await asyncio.sleep(before_s)
+        at["kill"] = time.perf_counter()
+        at["before"] = len(replies)
+        at["killed"] = await asyncio.to_thread(cluster.kill, victim)
+        dead = asyncio.create_task(asyncio.to_thread(cluster.wait_dead, victim, limit_s))
+        while time.perf_counter() - at["kill"] < limit_s:
+            ok_after = [r for r in replies if r.sent > at["kill"] and r.status == 200]
+            if ok_after and "first_ok_s" not in at:
+                at["first_ok_s"] = min(r.done for r in ok_after) - at["kill"]
+            if "full_s" not in at and await asyncio.to_thread(full):
+                at["full_s"] = time.perf_counter() - at["kill"]
+            if "full_s" in at and time.perf_counter() - at["kill"] > at["full_s"] + after_full_s:
+                break
+            await asyncio.sleep(1)
+        at["dead_s"] = await dead
+        stop.set()
+
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    at["start"] = time.perf_counter()
+    async with httpx.AsyncClient(limits=limits) as client:
+        await asyncio.gather(watch(), *(worker(client) for _ in range(concurrency)))
+    at["placement_after"] = replicas_by_node(cluster)
+    return replies, at
+
+
+# ---------------------------------------------------------------- Serve autoscaling under a ramp
+
+RAMP = ((1, 30), (4, 40), (12, 60), (4, 30), (1, 70))  # (concurrency, seconds)
+
+
+def autoscale_yaml(work: Path, port: int) -> Path:
+    """configs/serve-cluster.yaml as committed, on ``port``, over configs/cpu.yaml without an
+    LLM (/v1/compress needs none; so no LLMServer deployment either)."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "configs" / "serve-cluster.yaml").read_text())
+    doc["http_options"]["port"] = port
+    app = doc["applications"][0]
+    serve_yaml(work, port)  # writes work/canopy.yaml: cpu.yaml without an LLM
+    app["args"]["config"] = str(work / "canopy.yaml")
+    app["deployments"] = [d for d in app["deployments"] if d["name"] != "LLMServer"]
+    path = work / "serve-cluster.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def replica_counts(cluster: LocalCluster) -> dict[str, int]:
+    """RUNNING replicas per deployment (``serve status``)."""
+    import yaml
+
+    out = subprocess.run([SERVE, "status", "-a", cluster.dashboard_url], env=cluster.env, capture_output=True,
+                         text=True, timeout=60)
+    deps = yaml.safe_load(out.stdout)["applications"]["canopy"]["deployments"]
+    return {name: d.get("replica_states", {}).get("RUNNING", 0) for name, d in deps.items()}
+
+
+async def ramp_load(cluster: LocalCluster, url: str, stages=RAMP, hang_s: float = 120,
+                    every_s: float = 2.0) -> tuple[list, list, list]:
+    """Distinct /v1/compress requests at each stage's concurrency for its seconds; the replies,
+    ``(t, concurrency)`` changes and ``(t, replicas per deployment)`` samples (t from the start)."""
+    import httpx
+
+    from faults import send
+
+    replies: list = []
+    samples: list = []
+    changes: list = []
+    level = {"n": 0}
+    stop = asyncio.Event()
+    count = iter(range(10**9))
+    t0 = time.perf_counter()
+
+    async def worker(i, client):
+        while not stop.is_set():
+            if i >= level["n"]:
+                await asyncio.sleep(0.1)
+                continue
+            replies.append(await send(client, url + "/v1/compress", compress_body(next(count)), hang_s))
+
+    async def stepper():
+        for n, seconds in stages:
+            level["n"] = n
+            changes.append((time.perf_counter() - t0, n))
+            await asyncio.sleep(seconds)
+        stop.set()
+
+    async def sampler():
+        while not stop.is_set():
+            try:
+                counts = await asyncio.to_thread(replica_counts, cluster)
+                samples.append((time.perf_counter() - t0, counts))
+            except (subprocess.TimeoutExpired, KeyError, TypeError):
+                pass
+            await asyncio.sleep(every_s)
+
+    top = max(n for n, _ in stages)
+    limits = httpx.Limits(max_connections=top + 4, max_keepalive_connections=top + 4)
+    async with httpx.AsyncClient(limits=limits) as client:
+        await asyncio.gather(stepper(), sampler(), *(worker(i, client) for i in range(top)))
+    for r in replies:
+        r.sent -= t0
+        r.done -= t0
+    return replies, changes, samples
+
+
+def autoscale_part(work: Path, stages=RAMP) -> dict:
+    from faults import tally
+    from floor import free_port
+
+    work.mkdir(parents=True, exist_ok=True)
+    with LocalCluster(workers=2, worker_cpus=2, head_resources={"ingress": 1}) as cluster:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        deploy_s = serve_deploy(cluster, autoscale_yaml(work, port), url)
+        replies, changes, samples = asyncio.run(ramp_load(cluster, url, stages))
+        placement = replicas_by_node(cluster)
+    return {**tally(replies), "deploy_s": deploy_s, "stages": [list(s) for s in stages], "changes": changes,
+            "samples": samples, "placement_end": placement,
+            "timeline": [{"sent": r.sent, "done": r.done, "status": r.status, "reason": r.json_reason}
+                         for r in replies]}
+
+
+def autoscale_windows(r: dict, width: float = 10.0) -> list[dict]:
+    """Per ``width`` s window: concurrency, answered req/s, p50/p99 s, NodeEncoder replicas (max seen)."""
+    import numpy as np
+
+    end = max(t["done"] for t in r["timeline"])
+    rows = []
+    for a in np.arange(0, end, width):
+        ok = [t["done"] - t["sent"] for t in r["timeline"] if t["status"] == 200 and a <= t["done"] < a + width]
+        conc = [n for t, n in r["changes"] if t <= a + width / 2][-1] if r["changes"] else 0
+        reps = [c.get("NodeEncoder", 0) for t, c in r["samples"] if a <= t < a + width]
+        rows.append({"t": float(a), "concurrency": conc, "rps": len(ok) / width,
+                     "p50": float(np.percentile(ok, 50)) if ok else None,
+                     "p99": float(np.percentile(ok, 99)) if ok else None,
+                     "node_encoder": max(reps) if reps else None})
+    return rows
+
+
 # ---------------------------------------------------------------- the benchmark
 
 def index_part(work: Path, items: int) -> dict:
@@ -148,6 +411,27 @@ def index_part(work: Path, items: int) -> dict:
     same = same_index(lost_out, ref_out)
     return {"items": items, "ref_s": ref_s, "placement": placement, "placement_after": after, **lost,
             "same_index": same, "ref_summary": summary_of(work / "ref.log")}
+
+
+def serve_part(work: Path, health_check_s=None, concurrency: int = 4, before_s: float = 20) -> dict:
+    from faults import tally
+    from floor import free_port
+
+    work.mkdir(parents=True, exist_ok=True)
+    with LocalCluster(workers=2, worker_cpus=2, head_resources={"ingress": 1},
+                      health_check_s=health_check_s) as cluster:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        deploy_s = serve_deploy(cluster, serve_yaml(work, port), url)
+        placement = replicas_by_node(cluster)
+        replies, at = asyncio.run(serve_with_node_loss(cluster, url, concurrency, before_s))
+    t0, kill = at["start"], at["kill"]
+    timeline = [{"sent": r.sent - kill, "done": r.done - kill, "status": r.status, "reason": r.json_reason}
+                for r in replies]
+    return {**tally(replies), "deploy_s": deploy_s, "placement": placement, "placement_after": at["placement_after"],
+            "killed": at["killed"], "dead_s": at["dead_s"], "first_ok_s": at.get("first_ok_s"),
+            "full_s": at.get("full_s"), "before": at["before"], "load_s": max(r.done for r in replies) - t0,
+            "concurrency": concurrency, "timeline": timeline}
 
 
 def same_index(out: Path, ref: Path, tol: float = 1e-3) -> dict:
@@ -174,19 +458,192 @@ def same_index(out: Path, ref: Path, tol: float = 1e-3) -> dict:
             "checksums_equal": checksums(got) == checksums(want)}
 
 
+# ---------------------------------------------------------------- the report
+
+def _s(v, fmt="{:.1f}") -> str:
+    return "n/a" if v is None else fmt.format(v)
+
+
+def index_table(r: dict) -> list[str]:
+    same = r["same_index"]
+    how = "resubmitted (the same command again)" if r["resubmitted"] else "by itself"
+    cost = r["total_s"] - r["ref_s"]
+    return [
+        f"### Index job, worker-1 lost ({r['items']} text items, 2 embedding actors, one per worker node)", "",
+        "| run | wall s | input shards on disk at the kill | node marked dead after (s) | finished "
+        "| index vs uninterrupted | cost of the loss |", "|---|---|---|---|---|---|---|",
+        f"| uninterrupted | {r['ref_s']:.1f} | | | by itself | | |",
+        f"| worker-1 SIGKILLed at {r['kill_s']:.1f} s ({len(r['killed'])} processes) | {r['total_s']:.1f} "
+        f"| {r['parts_at_kill']} of {r['shards']} | {r['marked_dead_s']:.1f} | {how} "
+        f"| ids equal {same['ids_equal']}, each once {same['ids_unique']}; max vector difference "
+        f"{max(same['max_item_diff'], same['max_node_diff']):.2g}; manifest checksums equal {same['checksums_equal']} "
+        f"| +{cost:.1f} s ({100 * cost / r['ref_s']:+.0f}%) |", "",
+        f"Embedding actors per node over both runs (`ray list actors`; a restarted actor keeps its id and shows "
+        f"where it ran last): {r['placement_after']}. Lines embedded by the interrupted run: "
+        f"{(r['summary'] or {}).get('rows_computed')} of {(r['summary'] or {}).get('input_lines')} (none twice).", ""]
+
+
+def _pcts(xs: list[float]) -> str:
+    import numpy as np
+
+    return f"{np.percentile(xs, 50):.2f} / {np.percentile(xs, 99):.2f}" if xs else "n/a"
+
+
+def serve_table(r: dict) -> list[str]:
+    tl = r["timeline"]
+    ok_before = [t["done"] - t["sent"] for t in tl if t["status"] == 200 and t["done"] < 0]
+    ok_after = [t["done"] - t["sent"] for t in tl if t["status"] == 200 and t["sent"] >= 0]
+    failed = ", ".join(f"{k}: {v}" for k, v in r["failed"].items()) or "0"
+    return [
+        f"### Serve, worker-1 lost under load (/v1/compress at concurrency {r['concurrency']})", "",
+        "| requests | 200 | failed (by status) | hung | failures not JSON with a reason | first success after the "
+        "kill (s) | node marked dead (s) | every model deployment back to 2 replicas (s) | p50 / p99 s before "
+        "| p50 / p99 s after |", "|---|---|---|---|---|---|---|---|---|---|",
+        f"| {r['sent']} | {r['ok']} | {failed} | {r['hung']} | {r['not_json']} | {_s(r['first_ok_s'])} "
+        f"| {_s(r['dead_s'])} | {_s(r['full_s'])} | {_pcts(ok_before)} | {_pcts(ok_after)} |", "",
+        f"Replicas per node before: {r['placement']}; after: {r['placement_after']}. The Ingress runs beside the "
+        "proxy on the head; calls to replicas that died with the node were retried by it on live ones "
+        f"(reasons of failures: {r['reasons'] or 'none'}). Deploying took {r['deploy_s']:.0f} s.", ""]
+
+
+def plot_index(r: dict, path: Path) -> Path:
+    from canopy_ray.plots import pyplot, save
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 2.6))
+    ax.barh([1, 0], [r["ref_s"], r["total_s"]], color=["#4c72b0", "#dd8452"])
+    ax.set_yticks([1, 0], ["uninterrupted", "worker-1 lost"])
+    ax.axvline(r["kill_s"], color="k", ls="--", lw=1, label="worker-1 SIGKILLed")
+    ax.axvline(r["kill_s"] + r["marked_dead_s"], color="r", ls=":", lw=1, label="marked dead by the GCS")
+    ax.set_xlabel("seconds (index job wall time)")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"Index job over 2 worker nodes, {r['items']} items", fontsize=10)
+    return save(fig, path, 120)
+
+
+def plot_serve(r: dict, path: Path) -> Path:
+    import numpy as np
+
+    from canopy_ray.plots import pyplot, save
+
+    plt = pyplot()
+    tl = r["timeline"]
+    lo, hi = int(np.floor(min(t["done"] for t in tl))), int(np.ceil(max(t["done"] for t in tl)))
+    secs = np.arange(lo, hi + 1)
+    ok = [sum(1 for t in tl if t["status"] == 200 and s <= t["done"] < s + 1) for s in secs]
+    bad = [sum(1 for t in tl if t["status"] != 200 and s <= t["done"] < s + 1) for s in secs]
+    p99 = [np.percentile(x, 99) if (x := [t["done"] - t["sent"] for t in tl if t["status"] == 200
+                                          and s <= t["done"] < s + 1]) else np.nan for s in secs]
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+    a1.bar(secs, ok, width=1, color="#55a868", label="answered 200")
+    a1.bar(secs, bad, width=1, bottom=ok, color="#c44e52", label="failed (JSON 5xx)")
+    a1.set_ylabel("requests / s")
+    a2.plot(secs, p99, color="#4c72b0", label="p99 latency of that second")
+    a2.set_ylabel("seconds")
+    a2.set_xlabel("seconds since worker-1 was SIGKILLed")
+    for ax in (a1, a2):
+        ax.axvline(0, color="k", ls="--", lw=1, label="kill")
+        if r["dead_s"] is not None:
+            ax.axvline(r["dead_s"], color="r", ls=":", lw=1, label="marked dead")
+        if r["full_s"] is not None:
+            ax.axvline(r["full_s"], color="g", ls="-.", lw=1, label="all replicas back")
+    a1.legend(fontsize=7, loc="upper left")
+    a2.legend(fontsize=7, loc="upper left")
+    a1.set_title("Serve /v1/compress across 2 worker nodes, one lost", fontsize=10)
+    return save(fig, path, 120)
+
+
+def autoscale_table(r: dict) -> list[str]:
+    stages = ", ".join(f"{n} for {s} s" for n, s in r["stages"])
+    lines = [f"### Serve autoscaling under a load ramp (configs/serve-cluster.yaml; concurrency {stages})", "",
+             f"{r['sent']} requests, {r['ok']} answered 200, failed {r['failed'] or 0}, hung {r['hung']}, "
+             f"not JSON {r['not_json']}. Replicas at the end: {r['placement_end']}.", "",
+             "| t (s) | concurrency | answered req/s | p50 s | p99 s | NodeEncoder replicas |",
+             "|---|---|---|---|---|---|"]
+    for w in autoscale_windows(r):
+        lines.append(f"| {w['t']:.0f} | {w['concurrency']} | {w['rps']:.2f} | {_s(w['p50'], '{:.2f}')} "
+                     f"| {_s(w['p99'], '{:.2f}')} | {_s(w['node_encoder'], '{}')} |")
+    return lines + [""]
+
+
+def plot_autoscale(r: dict, path: Path) -> Path:
+    from canopy_ray.plots import pyplot, save
+
+    plt = pyplot()
+    rows = autoscale_windows(r, 5.0)
+    t = [w["t"] for w in rows]
+    fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(8, 6.5), sharex=True)
+    names = sorted({k for _, c in r["samples"] for k in c})
+    for name in names:
+        a1.step([s for s, _ in r["samples"]], [c.get(name, 0) for _, c in r["samples"]], where="post", label=name)
+    a1.step([c for c, _ in r["changes"]], [n for _, n in r["changes"]], where="post", color="k", ls="--",
+            label="client concurrency")
+    a1.set_ylabel("replicas")
+    a1.legend(fontsize=7, ncol=3)
+    a2.plot(t, [w["rps"] for w in rows], color="#55a868")
+    a2.set_ylabel("answered req/s")
+    a3.plot(t, [w["p50"] for w in rows], label="p50")
+    a3.plot(t, [w["p99"] for w in rows], label="p99")
+    a3.set_ylabel("latency s")
+    a3.set_xlabel("seconds since the ramp began")
+    a3.legend(fontsize=7)
+    a1.set_title("Serve autoscaling over 2 worker nodes, /v1/compress load ramp", fontsize=10)
+    return save(fig, path, 120)
+
+
+def report(results: dict, preface: str, out: Path) -> str:
+    lines = ["# canopy-ray on several Ray nodes", "", preface, ""]
+    if "index" in results:
+        lines += index_table(results["index"])
+        png = plot_index(results["index"], out.with_name("cluster_index.png"))
+        lines += [f"![index job node loss]({png.name})", ""]
+    if "serve" in results:
+        lines += serve_table(results["serve"])
+        png = plot_serve(results["serve"], out.with_name("cluster_serve.png"))
+        lines += [f"![serve node loss timeline]({png.name})", ""]
+    if "autoscale" in results:
+        lines += autoscale_table(results["autoscale"])
+        png = plot_autoscale(results["autoscale"], out.with_name("cluster_autoscale.png"))
+        lines += [f"![autoscaling ramp]({png.name})", ""]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     import tempfile
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parts", default="index")
+    p.add_argument("--parts", default="index,serve,autoscale", help="index, serve, autoscale (comma list)")
     p.add_argument("--items", type=int, default=600, help="text items of the index part")
-    p.add_argument("--out", default=None, help="also write the tables to this markdown file")
+    p.add_argument("--out", default=None, help="write the report here (markdown; its PNGs and a JSON of the raw "
+                                               "results beside it; parts not run now are kept from that JSON)")
     args = p.parse_args(argv)
-    results = {}
+    out = Path(args.out) if args.out else None
+    raw = out.with_suffix(".json") if out else None
+    results = json.loads(raw.read_text()) if raw and raw.exists() else {}
+    command = " ".join(["python benchmarks/cluster.py", *(sys.argv[1:] if argv is None else argv)])
+    stamp = (f"`{command}` on {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f} at the start: other "
+             f"jobs share them), {time.strftime('%Y-%m-%d')}")
     with tempfile.TemporaryDirectory(prefix="canopy-cluster-") as tmp:
-        if "index" in args.parts:
-            results["index"] = index_part(Path(tmp) / "index", args.items)
-            print(json.dumps(results["index"], indent=1, default=str), flush=True)
+        for part in args.parts.split(","):
+            if part == "index":
+                results["index"] = index_part(Path(tmp) / "index", args.items) | {"measured_by": stamp}
+            elif part == "serve":
+                results["serve"] = serve_part(Path(tmp) / "serve") | {"measured_by": stamp}
+            elif part == "autoscale":
+                results["autoscale"] = autoscale_part(Path(tmp) / "autoscale") | {"measured_by": stamp}
+            print(part, json.dumps({k: v for k, v in results[part].items() if k != "timeline"}, default=str),
+                  flush=True)
+            if raw:  # kept at once: the report can be drawn again from it
+                raw.parent.mkdir(parents=True, exist_ok=True)
+                raw.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    preface = ("A head without CPUs and two worker nodes of 2 CPUs on 127.0.0.1 (`benchmarks/local_cluster.py`), "
+               "token auth on, Ray's default health checks (a node is marked dead after 5 missed checks 3 s apart); "
+               "a node is lost by SIGKILL of every process of it at once. Measured by "
+               + "; ".join(f"{k}: {v['measured_by']}" for k, v in results.items()) + ".")
+    markdown = report(results, preface, out or Path("cluster.md"))
+    print(markdown)
+    if out:
+        out.write_text(markdown + "\n")
     return 0
 
 

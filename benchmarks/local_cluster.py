@@ -96,11 +96,11 @@ class LocalCluster:
 
     def __init__(self, workers: int = 2, worker_cpus: int = 2, head_cpus: int = 0, dashboard: bool = True,
                  health_check_s: tuple[float, int] | None = None, object_store_mb: int = 256,
-                 worker_resources: dict[str, float] | None = None):
+                 worker_resources: dict[str, float] | None = None, head_resources: dict[str, float] | None = None):
         self.root = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))  # short: Ray's socket paths
         self.n_workers, self.worker_cpus, self.head_cpus = workers, worker_cpus, head_cpus
         self.dashboard, self.health_check_s, self.object_store_mb = dashboard, health_check_s, object_store_mb
-        self.worker_resources = worker_resources or {}
+        self.worker_resources, self.head_resources = worker_resources or {}, head_resources or {}
         self.token = secrets.token_hex(32)  # as `ray get-auth-token --generate` makes one
         self.gcs_port, self.dashboard_port, self.client_port = free_ports(3)
         self.nodes: dict[str, Node] = {}
@@ -152,7 +152,9 @@ class LocalCluster:
         try:
             self._start("head", ["--head", f"--port={self.gcs_port}", f"--dashboard-port={self.dashboard_port}",
                                  f"--ray-client-server-port={self.client_port}", "--dashboard-host=127.0.0.1",
-                                 f"--include-dashboard={str(self.dashboard).lower()}"], self.head_cpus)
+                                 f"--include-dashboard={str(self.dashboard).lower()}",
+                                 *([f"--resources={json.dumps(self.head_resources)}"] if self.head_resources else [])],
+                        self.head_cpus)
             for i in range(1, self.n_workers + 1):
                 extra = [f"--resources={json.dumps(self.worker_resources)}"] if self.worker_resources else []
                 self._start(f"worker-{i}", [f"--address={self.address}", *extra], self.worker_cpus)
@@ -211,16 +213,20 @@ class LocalCluster:
             time.sleep(0.5)
         raise RuntimeError(f"{name} was not marked dead within {timeout} s")
 
-    def actors_by_node(self, class_name: str, state: str | None = "ALIVE") -> dict[str, int]:
-        """How many actors of ``class_name`` (``ray list actors``) each node holds (all states: None)."""
-        args = ["list", "actors", "--format=json", "--detail", "--limit=1000", f"--filter=class_name={class_name}"]
-        if state:
-            args.append(f"--filter=state={state}")
+    def list_actors(self, class_name: str | None = None, state: str | None = "ALIVE") -> list[dict]:
+        """``ray list actors`` (of ``class_name``, in ``state``; None: any), each with ``node``:
+        our name of the node it runs or ran on."""
+        args = ["list", "actors", "--format=json", "--detail", "--limit=1000"]
+        args += [f"--filter=class_name={class_name}"] if class_name else []
+        args += [f"--filter=state={state}"] if state else []
         names = self.node_names()
+        return [a | {"node": names.get(a.get("node_id"), "?")} for a in self._listed(self.ray(*args))]
+
+    def actors_by_node(self, class_name: str, state: str | None = "ALIVE") -> dict[str, int]:
+        """How many actors of ``class_name`` each node holds (all states: None)."""
         counts: dict[str, int] = {}
-        for a in self._listed(self.ray(*args)):
-            node = names.get(a.get("node_id"), "?")
-            counts[node] = counts.get(node, 0) + 1
+        for a in self.list_actors(class_name, state):
+            counts[a["node"]] = counts.get(a["node"], 0) + 1
         return counts
 
     # ---------------------------------------------------------------- losing a node
