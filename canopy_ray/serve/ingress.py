@@ -348,7 +348,9 @@ class Ingress:
 
     @api.post("/v1/compress")
     async def compress(self, request: Request):
-        return await self._admitted(request, self._compress_body, "the compression")
+        out = await self._admitted(request, self._compress_body, "the compression")
+        record_result("/v1/compress", out["tokens_before"], out["tokens_after"], out["timings"])
+        return out
 
     async def _compress_body(self, body: bytes) -> dict:
         req = CompressRequest.model_validate_json(body)
@@ -366,13 +368,14 @@ class Ingress:
         out = [r.to_dict(req.explain) for r in results]
         totals = {k: sum(r[k] for r in out) for k in ("tokens_before", "tokens_after", "nodes_total",
                                                       "nodes_scored", "nodes_encoded", "encoded_tokens")}
-        timings = {"encode_query": t1 - t0, "compress": t2 - t1}
-        record_result("/v1/compress", totals["tokens_before"], totals["tokens_after"], timings)
-        return {"items": out, **totals, "node_encoder": req.node_encoder, "timings": timings}
+        return {"items": out, **totals, "node_encoder": req.node_encoder,
+                "timings": {"encode_query": t1 - t0, "compress": t2 - t1}}
 
     @api.post("/v1/answer")
     async def answer(self, request: Request):
-        return await self._admitted(request, self._answer_body, "the answer")
+        out = await self._admitted(request, self._answer_body, "the answer")
+        record_result("/v1/answer", out["tokens"].get("before", 0), out["tokens"].get("after", 0), out["timings"])
+        return out
 
     async def _answer_body(self, body: bytes) -> dict:
         req = AnswerRequest.model_validate_json(body)
@@ -384,7 +387,6 @@ class Ingress:
         ans = await self._deadline(pipeline.answer(req.question, k=req.k, rounds=req.rounds, branching=req.branching,
                                                    mode=req.mode), "the answer")
         out = ans.to_dict()
-        record_result("/v1/answer", out["tokens"].get("before", 0), out["tokens"].get("after", 0), out["timings"])
         if req.explain:
             out["items"] = [r.to_dict(explain=True) for r in ans.results]
         return out
