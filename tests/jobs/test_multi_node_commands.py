@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.jobs.processes import unshare_ok
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from local_cluster import free_ports, isolate_flags, node_ports  # noqa: E402
@@ -47,17 +49,9 @@ JOBS = [
 ]
 
 
-def _unshare_ok() -> bool:
-    try:
-        probe = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "true"]
-        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("unshare") is None or not _unshare_ok(),
+    pytest.mark.skipif(not unshare_ok(),
                        reason="needs a PID namespace (unshare): `ray stop` would stop every Ray on the machine"),
 ]
 
