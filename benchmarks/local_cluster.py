@@ -132,21 +132,30 @@ class LocalCluster:
                     "RAY_health_check_failure_threshold": str(threshold)}
         return env
 
-    def _start(self, name: str, flags: list[str], cpus: int) -> Node:
-        ports = node_ports()
-        temp = self.root / name
-        argv = [RAY, "start", *flags, f"--num-cpus={cpus}", f"--labels=canopy-node={name}",
-                f"--object-store-memory={self.object_store_mb * 2**20}", *isolate_flags(ports, temp)]
-        log = self.root / f"{name}.start.log"
-        with log.open("w") as f:
-            proc = subprocess.Popen(argv, start_new_session=True, env=self._node_env(), stdout=f,
-                                    stderr=subprocess.STDOUT)
-            rc = proc.wait(240)
-        if rc != 0:
-            raise RuntimeError(f"ray start of {name} failed ({rc}):\n{log.read_text()[-3000:]}")
-        node = Node(name, proc.pid, ports, cpus)
-        self.nodes[name] = node
-        return node
+    def _start(self, name: str, flags: list[str], cpus: int, attempts: int = 3) -> Node:
+        """``ray start`` of one node. ``ray start`` gives a raylet 30 s (fixed) to register with
+        the GCS; on a machine busy with other work that can pass, so a failed start's processes
+        are killed and the node started again, on fresh ports."""
+        for attempt in range(1, attempts + 1):
+            ports = node_ports()
+            argv = [RAY, "start", *flags, f"--num-cpus={cpus}", f"--labels=canopy-node={name}",
+                    f"--object-store-memory={self.object_store_mb * 2**20}",
+                    *isolate_flags(ports, self.root / f"{name}-{attempt}")]
+            log = self.root / f"{name}-{attempt}.start.log"
+            with log.open("w") as f:
+                proc = subprocess.Popen(argv, start_new_session=True, env=self._node_env(), stdout=f,
+                                        stderr=subprocess.STDOUT)
+                rc = proc.wait(240)
+            if rc == 0:
+                node = Node(name, proc.pid, ports, cpus)
+                self.nodes[name] = node
+                return node
+            for p in session_processes(proc.pid):
+                try:
+                    p.send_signal(signal.SIGKILL)
+                except psutil.Error:
+                    pass
+        raise RuntimeError(f"ray start of {name} failed {attempts} times ({rc}):\n{log.read_text()[-3000:]}")
 
     def start(self) -> "LocalCluster":
         try:
