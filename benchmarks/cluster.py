@@ -397,6 +397,37 @@ def autoscale_windows(r: dict, width: float = 10.0) -> list[dict]:
     return rows
 
 
+# ---------------------------------------------------------------- Ray Train over nodes
+
+TRAIN_WORKER = "RayTrainWorker"  # the class name of Ray Train's worker actors
+
+TRAIN_DRIVER = """
+import dataclasses, json, sys
+from canopy_ray.config import load_config
+from canopy_ray.trainer import train
+a = json.loads(sys.argv[1])
+r = train(load_config(a["config"], **a["overrides"]), a["data"], a["storage"], a["name"], a["out"],
+          max_steps=a["max_steps"], checkpoint_every=a["every"], limit=a["limit"])
+print("RESULT " + json.dumps(dataclasses.asdict(r), default=str))
+"""
+
+
+def train_on_cluster(cluster: LocalCluster, log: Path, *, data: dict, storage: Path, name: str, out: Path,
+                     overrides: dict, config: str | None = None, max_steps: int | None = None, every: int = 1,
+                     limit: int | None = None, timeout: float = 600) -> dict:
+    """:func:`canopy_ray.trainer.train` from a driver joined to ``cluster``; its TrainResult as a dict."""
+    args = {"config": config, "overrides": overrides, "data": {k: str(v) for k, v in data.items()},
+            "storage": str(storage), "name": name, "out": str(out), "max_steps": max_steps, "every": every,
+            "limit": limit}
+    with log.open("w") as f:
+        rc = subprocess.run([sys.executable, "-c", TRAIN_DRIVER, json.dumps(args)], env=cluster.env, cwd=ROOT,
+                            stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    text = log.read_text(errors="replace")
+    if rc != 0:
+        raise RuntimeError(f"training failed ({rc}):\n{text[-3000:]}")
+    return json.loads(next(line for line in text.splitlines()[::-1] if line.startswith("RESULT "))[7:])
+
+
 # ---------------------------------------------------------------- the benchmark
 
 def index_part(work: Path, items: int) -> dict:
