@@ -22,6 +22,10 @@ of its ``ray start`` session (raylet, agents, the worker processes of its tasks 
   and p50/p99 over time. On 2 shared cores more replicas cannot add throughput: the figure shows
   the autoscaler's decisions and what latency does meanwhile.
 
+- ``train``: f_theta trained on the bundled HotpotQA sample with configs/cpu.yaml's recipe (no
+  dropout), 1 worker, then 2 data-parallel workers on the two worker nodes (1 CPU each, so one
+  worker per node); the validation decision accuracy at every second step, both runs.
+
 ``--out`` also keeps the raw results as JSON beside the report, so a part can be run again alone
 (``--parts serve``) and the report redrawn with the others kept.
 
@@ -428,6 +432,57 @@ def train_on_cluster(cluster: LocalCluster, log: Path, *, data: dict, storage: P
     return json.loads(next(line for line in text.splitlines()[::-1] if line.startswith("RESULT "))[7:])
 
 
+def train_part(work: Path, steps: int = 20) -> dict:
+    """f_theta (configs/cpu.yaml's recipe, no dropout) on the bundled HotpotQA sample, 1 worker
+    then 2 (one per worker node: each has 1 CPU), ``steps`` steps each; the validation decision
+    accuracy that rank 0 prints at every second step is the curve."""
+    import re
+
+    sample = ROOT / "canopy_ray" / "assets" / "sample"
+    work.mkdir(parents=True, exist_ok=True)
+    runs = {}
+    with LocalCluster(workers=2, worker_cpus=1) as cluster:
+        for n in (1, 2):
+            log = work / f"w{n}.log"
+            o = {"training": {"workers": n, "epochs": 3, "lora_dropout": 0.0, "val_instances": 64, "val_items": 0}}
+            res = train_on_cluster(cluster, log, data={"hotpotqa": sample}, storage=work / "runs", name=f"w{n}",
+                                   out=work / f"adapter{n}", overrides=o, config=str(ROOT / "configs" / "cpu.yaml"),
+                                   max_steps=steps, every=2, timeout=1500)
+            curve = {int(a): float(b) for a, b in re.findall(r"step (\d+): validation decision accuracy ([\d.]+)",
+                                                             log.read_text(errors="replace"))}
+            runs[n] = res | {"curve": sorted(curve.items())}
+        placement = cluster.actors_by_node(TRAIN_WORKER, state=None)
+    return {"runs": {str(k): v for k, v in runs.items()}, "placement": placement, "steps": steps}
+
+
+def train_table(r: dict) -> list[str]:
+    lines = ["### Ray Train: f_theta with 1 and 2 data-parallel workers (2 on 2 worker nodes)", "",
+             "| workers | steps | instances | wall s (the call) | s in training steps (rank 0) "
+             "| validation decision accuracy, last |", "|---|---|---|---|---|---|"]
+    for n, run in sorted(r["runs"].items()):
+        last = run["curve"][-1][1] if run["curve"] else None
+        lines.append(f"| {n} | {run['steps']} | {run['instances']} | {run['wall_s']:.1f} | {run['train_s']:.1f} "
+                     f"| {_s(last, '{:.4f}')} |")
+    return lines + ["", f"Ray Train worker actors per node over both runs: {r['placement']}. Each global batch is "
+                        "dealt over the workers and DDP averages their gradients, so the curves should agree to "
+                        "noise.", ""]
+
+
+def plot_train(r: dict, path: Path) -> Path:
+    from canopy_ray.plots import pyplot, save
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for n, run in sorted(r["runs"].items()):
+        ax.plot([s for s, _ in run["curve"]], [a for _, a in run["curve"]], marker="o", ms=3,
+                label=f"{n} worker{'s' if n != '1' else ''}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation decision accuracy")
+    ax.legend(fontsize=8)
+    ax.set_title("f_theta training, 1 worker vs 2 workers on 2 nodes", fontsize=10)
+    return save(fig, path, 120)
+
+
 # ---------------------------------------------------------------- the benchmark
 
 def index_part(work: Path, items: int) -> dict:
@@ -445,7 +500,7 @@ def index_part(work: Path, items: int) -> dict:
 
 
 def serve_part(work: Path, health_check_s=None, concurrency: int = 4, before_s: float = 20) -> dict:
-    from faults import tally
+    from faults import faults_seen, tally
     from floor import free_port
 
     work.mkdir(parents=True, exist_ok=True)
@@ -456,12 +511,14 @@ def serve_part(work: Path, health_check_s=None, concurrency: int = 4, before_s: 
         deploy_s = serve_deploy(cluster, serve_yaml(work, port), url)
         placement = replicas_by_node(cluster)
         replies, at = asyncio.run(serve_with_node_loss(cluster, url, concurrency, before_s))
+        faults = faults_seen(url)  # the Ingress's count of retried calls and the faults it answered
     t0, kill = at["start"], at["kill"]
     timeline = [{"sent": r.sent - kill, "done": r.done - kill, "status": r.status, "reason": r.json_reason}
                 for r in replies]
     return {**tally(replies), "deploy_s": deploy_s, "placement": placement, "placement_after": at["placement_after"],
             "killed": at["killed"], "dead_s": at["dead_s"], "first_ok_s": at.get("first_ok_s"),
-            "full_s": at.get("full_s"), "before": at["before"], "load_s": max(r.done for r in replies) - t0,
+            "full_s": at.get("full_s"), "before": at["before"], "faults": faults,
+            "load_s": max(r.done for r in replies) - t0,
             "concurrency": concurrency, "timeline": timeline}
 
 
@@ -533,8 +590,15 @@ def serve_table(r: dict) -> list[str]:
         f"| {r['sent']} | {r['ok']} | {failed} | {r['hung']} | {r['not_json']} | {_s(r['first_ok_s'])} "
         f"| {_s(r['dead_s'])} | {_s(r['full_s'])} | {_pcts(ok_before)} | {_pcts(ok_after)} |", "",
         f"Replicas per node before: {r['placement']}; after: {r['placement_after']}. The Ingress runs beside the "
-        "proxy on the head; calls to replicas that died with the node were retried by it on live ones "
-        f"(reasons of failures: {r['reasons'] or 'none'}). Deploying took {r['deploy_s']:.0f} s.", ""]
+        "proxy on the head and repeats a call whose replica died (`serve.retries`) on a live one: "
+        f"{_retried(r)}. Reasons of failures: {r['reasons'] or 'none'}. Deploying took {r['deploy_s']:.0f} s.", ""]
+
+
+def _retried(r: dict) -> str:
+    if "faults" not in r:
+        return "how many it repeated was not recorded in this run"
+    retried = {k[len("retried_"):]: v for k, v in r["faults"].items() if k.startswith("retried_")}
+    return "it repeated " + (", ".join(f"{v} {k} calls" for k, v in retried.items()) or "no call")
 
 
 def plot_index(r: dict, path: Path) -> Path:
@@ -632,6 +696,10 @@ def report(results: dict, preface: str, out: Path) -> str:
         lines += serve_table(results["serve"])
         png = plot_serve(results["serve"], out.with_name("cluster_serve.png"))
         lines += [f"![serve node loss timeline]({png.name})", ""]
+    if "train" in results:
+        lines += train_table(results["train"])
+        png = plot_train(results["train"], out.with_name("cluster_train.png"))
+        lines += [f"![1 vs 2 Train workers]({png.name})", ""]
     if "autoscale" in results:
         lines += autoscale_table(results["autoscale"])
         png = plot_autoscale(results["autoscale"], out.with_name("cluster_autoscale.png"))
@@ -639,11 +707,18 @@ def report(results: dict, preface: str, out: Path) -> str:
     return "\n".join(lines)
 
 
+def _by_stamp(results: dict) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for part, r in results.items():
+        out.setdefault(r["measured_by"], []).append(part)
+    return out
+
+
 def main(argv=None) -> int:
     import tempfile
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parts", default="index,serve,autoscale", help="index, serve, autoscale (comma list)")
+    p.add_argument("--parts", default="index,serve,autoscale,train", help="index, serve, autoscale, train (comma list)")
     p.add_argument("--items", type=int, default=600, help="text items of the index part")
     p.add_argument("--out", default=None, help="write the report here (markdown; its PNGs and a JSON of the raw "
                                                "results beside it; parts not run now are kept from that JSON)")
@@ -655,11 +730,13 @@ def main(argv=None) -> int:
     stamp = (f"`{command}` on {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f} at the start: other "
              f"jobs share them), {time.strftime('%Y-%m-%d')}")
     with tempfile.TemporaryDirectory(prefix="canopy-cluster-") as tmp:
-        for part in args.parts.split(","):
+        for part in filter(None, args.parts.split(",")):  # --parts "": the report again from the JSON
             if part == "index":
                 results["index"] = index_part(Path(tmp) / "index", args.items) | {"measured_by": stamp}
             elif part == "serve":
                 results["serve"] = serve_part(Path(tmp) / "serve") | {"measured_by": stamp}
+            elif part == "train":
+                results["train"] = train_part(Path(tmp) / "train") | {"measured_by": stamp}
             elif part == "autoscale":
                 results["autoscale"] = autoscale_part(Path(tmp) / "autoscale") | {"measured_by": stamp}
             print(part, json.dumps({k: v for k, v in results[part].items() if k != "timeline"}, default=str),
@@ -670,7 +747,7 @@ def main(argv=None) -> int:
     preface = ("A head without CPUs and two worker nodes of 2 CPUs on 127.0.0.1 (`benchmarks/local_cluster.py`), "
                "token auth on, Ray's default health checks (a node is marked dead after 5 missed checks 3 s apart); "
                "a node is lost by SIGKILL of every process of it at once. Measured by "
-               + "; ".join(f"{k}: {v['measured_by']}" for k, v in results.items()) + ".")
+               + "; ".join(f"{stamp} ({', '.join(parts)})" for stamp, parts in _by_stamp(results).items()) + ".")
     markdown = report(results, preface, out or Path("cluster.md"))
     print(markdown)
     if out:
