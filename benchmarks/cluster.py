@@ -385,7 +385,7 @@ def autoscale_part(work: Path, stages=RAMP) -> dict:
 
 
 def autoscale_windows(r: dict, width: float = 10.0) -> list[dict]:
-    """Per ``width`` s window: concurrency, answered req/s, p50/p99 s, NodeEncoder replicas (max seen)."""
+    """Per ``width`` s window: concurrency, answered req/s, p50/p99 s, Refiner and NodeEncoder replicas (max seen)."""
     import numpy as np
 
     end = max(t["done"] for t in r["timeline"])
@@ -393,11 +393,12 @@ def autoscale_windows(r: dict, width: float = 10.0) -> list[dict]:
     for a in np.arange(0, end, width):
         ok = [t["done"] - t["sent"] for t in r["timeline"] if t["status"] == 200 and a <= t["done"] < a + width]
         conc = [n for t, n in r["changes"] if t <= a + width / 2][-1] if r["changes"] else 0
-        reps = [c.get("NodeEncoder", 0) for t, c in r["samples"] if a <= t < a + width]
+        seen = [c for t, c in r["samples"] if a <= t < a + width]
         rows.append({"t": float(a), "concurrency": conc, "rps": len(ok) / width,
                      "p50": float(np.percentile(ok, 50)) if ok else None,
                      "p99": float(np.percentile(ok, 99)) if ok else None,
-                     "node_encoder": max(reps) if reps else None})
+                     "node_encoder": max(c.get("NodeEncoder", 0) for c in seen) if seen else None,
+                     "refiner": max(c.get("Refiner", 0) for c in seen) if seen else None})
     return rows
 
 
@@ -653,12 +654,15 @@ def autoscale_table(r: dict) -> list[str]:
     lines = [f"### Serve autoscaling under a load ramp (configs/serve-cluster.yaml; concurrency {stages})", "",
              f"{r['sent']} requests, {r['ok']} answered 200, failed {r['failed'] or 0}, hung {r['hung']}, "
              f"not JSON {r['not_json']}. Replicas at the end: {r['placement_end']}.", "",
-             "| t (s) | concurrency | answered req/s | p50 s | p99 s | NodeEncoder replicas |",
+             "| t (s) | concurrency | answered req/s | p50 s | p99 s | Refiner / NodeEncoder replicas |",
              "|---|---|---|---|---|---|"]
     for w in autoscale_windows(r):
+        reps = f"{w['refiner']} / {w['node_encoder']}" if w["refiner"] is not None else "n/a"
         lines.append(f"| {w['t']:.0f} | {w['concurrency']} | {w['rps']:.2f} | {_s(w['p50'], '{:.2f}')} "
-                     f"| {_s(w['p99'], '{:.2f}')} | {_s(w['node_encoder'], '{}')} |")
-    return lines + [""]
+                     f"| {_s(w['p99'], '{:.2f}')} | {reps} |")
+    return lines + ["", "Replicas are sampled by `serve status` (n/a: no sample finished in that window, the "
+                        "command itself being slow on the busy machine)." + (f" {r['note']}" if r.get("note") else ""),
+                    ""]
 
 
 def plot_autoscale(r: dict, path: Path) -> Path:
