@@ -171,6 +171,9 @@ class Refiner:
 
             self.store = load_index(cfg.serve.index_dir, verify=False, expect=cfg).nodes  # refuses another encoder's index
         self.compressors: dict | None = None
+        from canopy_ray.serve.metrics import NodeSources
+
+        self.sources = NodeSources()  # canopy_nodes_total{source}, canopy_vector_cache_hit_rate
 
     async def _compressor(self, opts: CompressOptions) -> Compressor:
         if self.compressors is None:  # the node store checks vectors against the encoder's identity
@@ -191,7 +194,14 @@ class Refiner:
         async def encode(pieces):
             return await method.remote(list(pieces))
 
-        return await comp.acompress_items(query_vec, items, opts, encode)
+        try:
+            return await comp.acompress_items(query_vec, items, opts, encode)
+        finally:
+            totals: dict[str, int] = {}
+            for c in self.compressors.values():
+                for k, v in c.stats.items():
+                    totals[k] = totals.get(k, 0) + v
+            self.sources.export(totals, self.cache.stats() if self.cache else None)
 
     def stats(self) -> dict:
         """Where node vectors came from, per node encoder, and the vector cache."""

@@ -50,14 +50,29 @@ from canopy_ray.models.llm.protocol import (ChatResult, LLMConnectionError, LLMH
 from canopy_ray.models.llm.roles import arun_role
 from canopy_ray.models.llm.tokens import token_counter
 from canopy_ray.pipeline import Pipeline, Settings
+from canopy_ray.serve.metrics import record_error, record_request, record_result
 from canopy_ray.serve.schemas import AnswerRequest, ApiError, CompressRequest
 
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="canopy-ray", description="CANOPY evidence compression and question answering")
 
 
+@api.middleware("http")
+async def _measure(request: Request, call_next):
+    """Every request counted by route and status, and timed (:mod:`canopy_ray.serve.metrics`)."""
+    t0 = time.perf_counter()
+    try:
+        response = await call_next(request)
+    except Exception:  # answered by the JSON 500 handler, outside this middleware
+        record_request(request.url.path, 500, time.perf_counter() - t0)
+        raise
+    record_request(request.url.path, response.status_code, time.perf_counter() - t0)
+    return response
+
+
 @api.exception_handler(ApiError)
 async def _api_error(request: Request, e: ApiError):
+    record_error(request.url.path, e.reason)
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
@@ -66,6 +81,7 @@ async def _unexpected(request: Request, e: Exception):
     """Whatever escaped a route (a bug): a JSON 500 that names the exception's type, never
     Starlette's plain-text page; the traceback goes to the replica's log."""
     log.error("unexpected %s on %s %s", type(e).__name__, request.method, request.url.path, exc_info=e)
+    record_error(request.url.path, "internal_error")
     return JSONResponse({"error": {"reason": "internal_error",
                                    "message": f"the server failed: {type(e).__name__}"}}, status_code=500)
 
@@ -75,8 +91,10 @@ async def _unexpected(request: Request, e: Exception):
 async def _invalid(request: Request, e):
     errors = [{"field": ".".join(str(x) for x in err["loc"]) or "body", "message": err["msg"]} for err in e.errors()]
     if any(err["type"] == "json_invalid" for err in e.errors()):
+        record_error(request.url.path, "malformed_json")
         return JSONResponse({"error": {"reason": "malformed_json", "message": "the request body is not valid JSON",
                                        "errors": errors}}, status_code=400)
+    record_error(request.url.path, "invalid_request")
     return JSONResponse({"error": {"reason": "invalid_request", "message": "the request body does not match the schema",
                                    "errors": errors}}, status_code=422)
 
@@ -330,7 +348,9 @@ class Ingress:
 
     @api.post("/v1/compress")
     async def compress(self, request: Request):
-        return await self._admitted(request, self._compress_body, "the compression")
+        out = await self._admitted(request, self._compress_body, "the compression")
+        record_result("/v1/compress", out["tokens_before"], out["tokens_after"], out["timings"])
+        return out
 
     async def _compress_body(self, body: bytes) -> dict:
         req = CompressRequest.model_validate_json(body)
@@ -354,7 +374,9 @@ class Ingress:
 
     @api.post("/v1/answer")
     async def answer(self, request: Request):
-        return await self._admitted(request, self._answer_body, "the answer")
+        out = await self._admitted(request, self._answer_body, "the answer")
+        record_result("/v1/answer", out["tokens"].get("before", 0), out["tokens"].get("after", 0), out["timings"])
+        return out
 
     async def _answer_body(self, body: bytes) -> dict:
         req = AnswerRequest.model_validate_json(body)

@@ -16,6 +16,18 @@ from typing import Callable
 import psutil
 
 
+def unshare_ok() -> bool:
+    """Whether this machine lets a test run commands in a PID namespace of their own (``unshare``):
+    there ``ray stop`` sees only the Ray the test started."""
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        probe = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "true"]
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 class KillableJob:
     """``Popen(argv)`` with ``start_new_session=True``: the driver leads a session and a process
     group; Ray's daemons join its group, Ray's workers make groups of their own in the session,

