@@ -91,13 +91,19 @@ class Measured:
 
 
 def llm_memory(app: str) -> dict:
-    """RSS and USS (MiB) of the app's LLMServer replica and every process under it."""
+    """RSS and USS (MiB) of the app's LLMServer replica and every process under it (found among
+    this process's descendants: a local Ray's raylet is one, its workers are under it)."""
     import psutil
-    from ray.util.state import list_actors
 
-    pids = [a.pid for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-            if a.class_name.startswith(f"ServeReplica:{app}:LLMServer")]
-    procs = [p for pid in pids for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]]
+    def title(p):
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:
+            return ""
+
+    replicas = [p for p in psutil.Process().children(recursive=True)
+                if title(p).startswith(f"ray::ServeReplica:{app}:LLMServer")]
+    procs = [q for p in replicas for q in [p, *p.children(recursive=True)]]
     infos = [p.memory_full_info() for p in procs]
     return {"processes": len(procs), "rss_mib": sum(i.rss for i in infos) / 2**20,
             "uss_mib": sum(i.uss for i in infos) / 2**20}
@@ -187,8 +193,10 @@ def main() -> None:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     urls, models, start_s = {}, {}, {}
     for name, path in ENGINES.items():
+        # two graphs of seven replicas in 2 CPUs: Ray's accounting only, the replicas wait on requests
+        app_cfg = load_config(ROOT / path, serve={"replica_cpus": 0.1})
         t0 = time.perf_counter()
-        serve.run(build_app({"config": str(ROOT / path)}), name=name, route_prefix=f"/{name}")
+        serve.run(build_app({"cfg": app_cfg}), name=name, route_prefix=f"/{name}")
         start_s[name] = time.perf_counter() - t0
         urls[name] = f"http://127.0.0.1:{port}/{name}"
         models[name] = httpx.get(f"{urls[name]}/v1/models", timeout=60).json()["data"][0]["id"]
