@@ -13,7 +13,7 @@ tokens over time to first token), decode tokens/s (completion tokens after the f
 rest), critic and reader latency per question, replies equal to the local engine's, and the
 memory of the LLM deployment's processes (the replica and, for vLLM, its engine processes).
 
-    CANOPY_SHARED_DATA=../shared/data python benchmarks/vllm_cpu.py --n 20 --out results/bench/vllm_cpu.md
+    CANOPY_SHARED_DATA=../shared/data python benchmarks/vllm_cpu.py --n 20 --k 3 --out results/bench/vllm_cpu.md
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def summarise(log: list[dict], engine: str) -> dict:
     }
 
 
-def report(n_done: int, n: int, log: list[dict], memory: dict, start_s: dict) -> str:
+def report(args, n_done: int, n: int, log: list[dict], memory: dict, start_s: dict) -> str:
     stats = {name: summarise(log, name) for name in ENGINES}
     equal = [e["local"]["text"] == e["vllm"]["text"] for e in log]
     roles: dict = defaultdict(int)
@@ -135,9 +135,9 @@ def report(n_done: int, n: int, log: list[dict], memory: dict, start_s: dict) ->
     lines = [
         "# vLLM (CPU build) against the local transformers engine",
         "",
-        f"`CANOPY_SHARED_DATA=../shared/data python benchmarks/vllm_cpu.py --n {n}`: {n_done} of {n} held-out "
-        f"HotpotQA questions, {len(log)} LLM calls ({', '.join(f'{v} {k}' for k, v in sorted(roles.items()))}) "
-        "made by the in-process pipeline (configs/cpu.yaml), each sent, streamed, to `/v1/chat/completions` of "
+        f"`CANOPY_SHARED_DATA=../shared/data python benchmarks/vllm_cpu.py --n {n} --k {args.k}`: {n_done} of {n} "
+        f"held-out HotpotQA questions, {len(log)} LLM calls ({', '.join(f'{v} {k}' for k, v in sorted(roles.items()))}) "
+        f"made by the in-process pipeline (configs/cpu.yaml, k = {args.k} of each question's candidates), each sent, streamed, to `/v1/chat/completions` of "
         "two Serve applications in one Ray instance: `local` (configs/cpu.yaml) and then `vllm` "
         "(configs/vllm-cpu.yaml). SmolLM2-135M-Instruct, float32, greedy, the calls' JSON schemas, one call at "
         "a time; both engines decode on one core (the local backend's `llm.threads: 1`; vLLM binds its "
@@ -163,7 +163,8 @@ def report(n_done: int, n: int, log: list[dict], memory: dict, start_s: dict) ->
         f"x{mean(vl['reader_s']) / max(1e-9, mean(loc['reader_s'])):.2f} (means).",
         f"- Replies equal to the local engine's: {sum(equal)} of {len(equal)}; prompt tokens "
         f"{loc['prompt_tokens']} (local) vs {vl['prompt_tokens']} (vLLM), completion tokens "
-        f"{loc['completion_tokens']} vs {vl['completion_tokens']}.",
+        f"{loc['completion_tokens']} vs {vl['completion_tokens']} (vLLM also counts the end-of-turn token that "
+        "closes a reply; the local engine stops on it uncounted).",
     ]
     for e in [e for e, same in zip(log, equal) if not same][:3]:
         lines.append(f"  - {e['role']}: local `{e['local']['text'][:160]}` / vLLM `{e['vllm']['text'][:160]}`")
@@ -173,6 +174,8 @@ def report(n_done: int, n: int, log: list[dict], memory: dict, start_s: dict) ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=20, help="held-out HotpotQA questions")
+    ap.add_argument("--k", type=int, default=3, help="items retrieved per round: fewer than the 10 candidates, "
+                    "so the critic runs (with all of them in the evidence the pipeline skips it)")
     ap.add_argument("--out", default="results/bench/vllm_cpu.md")
     args = ap.parse_args()
 
@@ -201,7 +204,7 @@ def main() -> None:
         urls[name] = f"http://127.0.0.1:{port}/{name}"
         models[name] = httpx.get(f"{urls[name]}/v1/models", timeout=60).json()["data"][0]["id"]
 
-    cfg = load_config(ROOT / ENGINES["local"])
+    cfg = load_config(ROOT / ENGINES["local"], retrieval={"k": args.k})
     encoder, count = build_encoder(cfg.models), token_counter(cfg.llm)
     ask = [{"role": "user", "content": "Hi"}]
     Measured(urls, models, [], "warm-up").chat(ask, max_tokens=4)  # one-off costs of each engine
@@ -215,7 +218,7 @@ def main() -> None:
             backends = LocalBackends(encoder, retriever, comp, Measured(urls, models, log, q.question))
             Pipeline(backends, Settings.from_config(cfg), count).answer_sync(q.question)
             memory = {name: llm_memory(name) for name in ENGINES}
-            out.write_text(report(i, len(questions), log, memory, start_s))
+            out.write_text(report(args, i, len(questions), log, memory, start_s))
     finally:
         serve.shutdown()
         ray.shutdown()
