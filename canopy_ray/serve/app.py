@@ -69,7 +69,7 @@ def graph(cfg: CanopyConfig):
 
         # an async forwarder holds requests cheaply (as the ingress does); vLLM batches behind it
         llm = ServeLLMChat.options(**_options(cfg, s.ingress_limits)).bind(
-            cfg.llm.model or QWEN3_VL_MODEL_ID, llm_deployment(cfg.llm))
+            cfg.llm.model or QWEN3_VL_MODEL_ID, llm_deployment(cfg.llm, s.replica_cpus))
     return Ingress.options(**_options(cfg, s.ingress_limits)).bind(cfg, query_encoder, refiner, retriever, llm)
 
 

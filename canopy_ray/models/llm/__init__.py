@@ -59,7 +59,7 @@ def client_from_config(llm_cfg) -> ChatClient:
     """The chat client a config's ``llm`` section describes."""
     return make_client(llm_cfg.backend, url=llm_cfg.url, model=llm_cfg.model, max_new_tokens=llm_cfg.max_new_tokens,
                        timeout=llm_cfg.timeout_s, cache_dir=llm_cfg.cache_dir, threads=llm_cfg.threads,
-                       model_dir=llm_cfg.model_dir, device=llm_cfg.device)
+                       model_dir=llm_cfg.model_dir, device=llm_cfg.device or "cpu")
 
 
 __all__ = [

