@@ -87,7 +87,8 @@ def main(argv=None) -> int:
     n_inf = diff["answer_recall_informative"]["n"]
     lines = ["# TAT-QA: the table classifier against the data's labels", "",
              f"TAT-QA test questions with a table among their candidates: {len(es.questions)} (document-level "
-             f"split, given setting, reader skipped; {n_inf} informative). `no_projection` passes "
+             f"split, given setting, reader skipped; {n_inf} informative; the config's refinement margin, "
+             f"{runner.base_settings().margin}). `no_projection` passes "
              f"{ref['aggregate']['tokens']['mean']:.0f} tokens. Truth: TAT-QA's `answer_type` count/arithmetic "
              f"({sum(needs_values)} questions), and >= 2 located gold rows ({sum(many_rows)}). Δ: CANOPY minus "
              "no_projection, paired, 95% bootstrap interval. `python benchmarks/table_classifier.py`", "",

