@@ -132,7 +132,8 @@ def test_methods_behave_as_specified(tiny_runs, tiny_set, minilm, random_adapter
         assert r["rounds"] == 1 and "critic" not in r["llm_calls_by_role"]
     for qid, r in by["canopy"].items():
         assert r["tokens_after"] <= r["tokens_before"] == by["vanilla"][qid]["tokens_before"]
-        assert r["llm_calls_by_role"]["critic"] == r["rounds"] - (r["rounds"] == 3)
+        # k = 10 over at most 5 candidates: all are in the evidence after round 1, so no critic
+        assert r["rounds"] == 1 and "critic" not in r["llm_calls_by_role"]
     for r in by["no_projection"].values():
         assert r["tokens_after"] == r["tokens_before"]
     for r in by["flat"].values():  # m = 5 leaves per item at most

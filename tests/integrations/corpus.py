@@ -1,4 +1,8 @@
-"""A few short documents for the framework pipelines, and the query they answer."""
+"""A few short documents for the framework pipelines, the query they answer, and the config the
+pipelines compress with: the frozen f0 encoder, which prunes these short passages (the shipped
+recall-first adapter keeps them whole, so nothing would show that compression took place)."""
+
+import canopy_ray
 
 DOCS = [
     ("eiffel", "Eiffel Tower", "The Eiffel Tower stands on the Champ de Mars in Paris. It was built in 1889 as the "
@@ -10,3 +14,5 @@ DOCS = [
      "Band of Creek Native Americans. The city lies on the Arkansas River."),
 ]
 QUERY = "When was the Eiffel Tower built?"
+
+F0 = canopy_ray.load_config(models={"adapter": None})

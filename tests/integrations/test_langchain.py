@@ -13,7 +13,7 @@ import canopy_ray  # noqa: E402
 from canopy_ray.integrations import text_item  # noqa: E402
 from canopy_ray.integrations.langchain import CanopyCompressor  # noqa: E402
 
-from tests.integrations.corpus import DOCS, QUERY  # noqa: E402
+from tests.integrations.corpus import DOCS, F0, QUERY  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -38,11 +38,12 @@ def test_contextual_compression_retriever(minilm):
     store.add_documents([Document(page_content=text, metadata={"title": title, "source": "wiki"}, id=i)
                          for i, title, text in DOCS])
     base = store.as_retriever(search_kwargs={"k": 2})
-    retriever = retrievers.ContextualCompressionRetriever(base_compressor=CanopyCompressor(), base_retriever=base)
+    retriever = retrievers.ContextualCompressionRetriever(base_compressor=CanopyCompressor(config=F0), base_retriever=base)
     docs = retriever.invoke(QUERY)
     plain = base.invoke(QUERY)
     assert [d.id for d in docs] == [d.id for d in plain] and docs[0].id == "eiffel"
-    expected = canopy_ray.compress(QUERY, [text_item(d.id, d.metadata["title"], d.page_content) for d in plain])
+    expected = canopy_ray.compress(QUERY, [text_item(d.id, d.metadata["title"], d.page_content) for d in plain],
+                                   config=F0)
     for d, r in zip(docs, expected):
         assert d.page_content == r.evidence.text and d.metadata["source"] == "wiki"
         assert d.metadata["canopy"] == {**canopy_ray.token_report([r]), "kept": [list(s) for s in r.kept]}

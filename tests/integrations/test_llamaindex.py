@@ -14,7 +14,7 @@ import canopy_ray  # noqa: E402
 from canopy_ray.integrations import text_item  # noqa: E402
 from canopy_ray.integrations.llamaindex import CanopyPostprocessor  # noqa: E402
 
-from tests.integrations.corpus import DOCS, QUERY  # noqa: E402
+from tests.integrations.corpus import DOCS, F0, QUERY  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +46,13 @@ def index(minilm):
 def test_postprocessor_after_the_retriever(index):
     retrieved = index.as_retriever(similarity_top_k=2).retrieve(QUERY)
     originals = [n.node.get_content() for n in retrieved]
-    out = CanopyPostprocessor().postprocess_nodes(retrieved, query_str=QUERY)
+    out = CanopyPostprocessor(config=F0).postprocess_nodes(retrieved, query_str=QUERY)
     assert [(n.node.node_id, n.score) for n in out] == [(n.node.node_id, n.score) for n in retrieved]
     assert out[0].node.ref_doc_id == "eiffel"
     assert [n.node.get_content() for n in retrieved] == originals  # the retrieved nodes are not touched
 
     expected = canopy_ray.compress(QUERY, [text_item(n.node.node_id, n.node.metadata["title"], text)
-                                           for n, text in zip(retrieved, originals)])
+                                           for n, text in zip(retrieved, originals)], config=F0)
     for n, r in zip(out, expected):
         report = n.node.metadata["canopy"]
         assert n.node.get_content() == r.evidence.text
@@ -64,7 +64,7 @@ def test_postprocessor_after_the_retriever(index):
 
 
 def test_postprocessor_in_a_query_engine(index):
-    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2, node_postprocessors=[CanopyPostprocessor()])
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2, node_postprocessors=[CanopyPostprocessor(config=F0)])
     response = engine.query(QUERY)  # MockLLM echoes its prompt: the compressed evidence
     sources = response.source_nodes
     assert sources[0].node.get_content() in str(response) and "origin_tokens" not in str(response)
