@@ -37,10 +37,12 @@ def test_compress_explain_agrees_with_refine(url):
     r = post(url, "/v1/compress", {"query": QUESTION, "items": [ITEM, TABLE], "explain": True})
     assert r.status_code == 200, r.text
     body = r.json()
+    assert body["margin"] > 0  # the CPU default's calibrated margin
     for item, n in zip(body["items"], (5, 3)):
         # only visited nodes were scored (and encoded); refinement over them gives the kept forest
         scores = {tuple(node["span"]): node["score"] for node in item["nodes"] if node["score"] is not None}
-        assert [list(s) for s in refine(balanced_tree(n, 2), scores)] == item["kept"]
+        # at the margin the server used (the config's calibrated one, said in the response)
+        assert [list(s) for s in refine(balanced_tree(n, 2), scores, body["margin"])] == item["kept"]
         assert item["nodes_encoded"] == item["nodes_scored"] == len(scores) <= item["nodes_total"]
         assert {node["decision"] for node in item["nodes"]} <= {"kept", "split", "dropped", "within"}
         assert item["tokens_after"] <= item["tokens_before"]
