@@ -23,8 +23,10 @@ of its ``ray start`` session (raylet, agents, the worker processes of its tasks 
   the autoscaler's decisions and what latency does meanwhile.
 
 - ``train``: f_theta trained on the bundled HotpotQA sample with configs/cpu.yaml's recipe (no
-  dropout), 1 worker, then 2 data-parallel workers on the two worker nodes (1 CPU each, so one
-  worker per node); the validation decision accuracy at every second step, both runs.
+  dropout) on three worker nodes of 1 CPU (one Train worker per node): 1 worker, 2 data-parallel
+  workers, and 2 workers again with the node of one of them SIGKILLed after the first checkpoint
+  (Ray Train restarts both on the nodes left, from that checkpoint); the validation decision
+  accuracy at every second step of each run, and what the loss cost in wall time.
 
 ``--out`` also keeps the raw results as JSON beside the report, so a part can be run again alone
 (``--parts serve``) and the report redrawn with the others kept.
@@ -417,55 +419,107 @@ print("RESULT " + json.dumps(dataclasses.asdict(r), default=str))
 """
 
 
-def train_on_cluster(cluster: LocalCluster, log: Path, *, data: dict, storage: Path, name: str, out: Path,
-                     overrides: dict, config: str | None = None, max_steps: int | None = None, every: int = 1,
-                     limit: int | None = None, timeout: float = 600) -> dict:
-    """:func:`canopy_ray.trainer.train` from a driver joined to ``cluster``; its TrainResult as a dict."""
+def start_training(cluster: LocalCluster, log: Path, *, data: dict, storage: Path, name: str, out: Path,
+                   overrides: dict, config: str | None = None, max_steps: int | None = None, every: int = 1,
+                   limit: int | None = None) -> subprocess.Popen:
+    """:func:`canopy_ray.trainer.train` in a driver joined to ``cluster``, writing to ``log``."""
     args = {"config": config, "overrides": overrides, "data": {k: str(v) for k, v in data.items()},
             "storage": str(storage), "name": name, "out": str(out), "max_steps": max_steps, "every": every,
             "limit": limit}
     with log.open("w") as f:
-        rc = subprocess.run([sys.executable, "-c", TRAIN_DRIVER, json.dumps(args)], env=cluster.env, cwd=ROOT,
-                            stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        return subprocess.Popen([sys.executable, "-c", TRAIN_DRIVER, json.dumps(args)], env=cluster.env, cwd=ROOT,
+                                stdout=f, stderr=subprocess.STDOUT)
+
+
+def training_result(proc: subprocess.Popen, log: Path, timeout: float = 600) -> dict:
+    """The TrainResult (as a dict) of a driver :func:`start_training` started."""
+    try:
+        rc = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     text = log.read_text(errors="replace")
     if rc != 0:
         raise RuntimeError(f"training failed ({rc}):\n{text[-3000:]}")
     return json.loads(next(line for line in text.splitlines()[::-1] if line.startswith("RESULT "))[7:])
 
 
+def train_on_cluster(cluster: LocalCluster, log: Path, timeout: float = 600, **kw) -> dict:
+    return training_result(start_training(cluster, log, **kw), log, timeout)
+
+
+def registered_step(run_dir: Path) -> int | None:
+    """The step of the newest checkpoint Ray Train has registered for a run (None: none yet)."""
+    try:
+        latest = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())["latest_checkpoint_result"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return latest["metrics"]["step"] if latest else None
+
+
+def train_with_node_loss(cluster: LocalCluster, log: Path, *, storage: Path, name: str, after_step: int,
+                         timeout: float = 900, **kw) -> dict:
+    """A training run whose worker node holding a Ray Train worker is SIGKILLed once a checkpoint
+    of step >= ``after_step`` is registered; Ray Train (``training.max_failures``) restarts the
+    workers on the nodes left, from that checkpoint. Its TrainResult with the step it resumed
+    from (as registered at the kill) and the node lost."""
+    proc = start_training(cluster, log, storage=storage, name=name, **kw)
+    run_dir = storage / name
+    deadline = time.monotonic() + timeout
+    while (registered_step(run_dir) or 0) < after_step:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"no checkpoint of step >= {after_step} registered:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    victim = sorted(cluster.running(f"ray::{TRAIN_WORKER}"))[0]
+    t0 = time.monotonic()
+    cluster.kill(victim)
+    at_kill = registered_step(run_dir)
+    res = training_result(proc, log, max(deadline - time.monotonic(), 1))
+    return res | {"lost": victim, "registered_at_kill": at_kill, "after_kill_s": time.monotonic() - t0,
+                  "left": cluster.left(victim)}
+
+
 def train_part(work: Path, steps: int = 20) -> dict:
-    """f_theta (configs/cpu.yaml's recipe, no dropout) on the bundled HotpotQA sample, 1 worker
-    then 2 (one per worker node: each has 1 CPU), ``steps`` steps each; the validation decision
-    accuracy that rank 0 prints at every second step is the curve."""
+    """The three ``train`` runs (module docstring), ``steps`` steps each, a checkpoint every 2."""
     import re
 
     sample = ROOT / "canopy_ray" / "assets" / "sample"
     work.mkdir(parents=True, exist_ok=True)
     runs = {}
-    with LocalCluster(workers=2, worker_cpus=1) as cluster:
-        for n in (1, 2):
-            log = work / f"w{n}.log"
-            o = {"training": {"workers": n, "epochs": 3, "lora_dropout": 0.0, "val_instances": 64, "val_items": 0}}
-            res = train_on_cluster(cluster, log, data={"hotpotqa": sample}, storage=work / "runs", name=f"w{n}",
-                                   out=work / f"adapter{n}", overrides=o, config=str(ROOT / "configs" / "cpu.yaml"),
-                                   max_steps=steps, every=2, timeout=1500)
+    with LocalCluster(workers=3, worker_cpus=1) as cluster:
+        for name, n in (("1", 1), ("2", 2), ("2, node lost", 2)):
+            log, key = work / f"w{len(runs)}.log", f"w{len(runs)}"
+            o = {"training": {"workers": n, "epochs": 3, "lora_dropout": 0.0, "val_instances": 64, "val_items": 0,
+                              "max_failures": 1}}
+            kw = dict(data={"hotpotqa": sample}, storage=work / "runs", name=key, out=work / f"adapter-{key}",
+                      overrides=o, config=str(ROOT / "configs" / "cpu.yaml"), max_steps=steps, every=2)
+            t = time.monotonic()
+            res = (train_with_node_loss(cluster, log, after_step=2, timeout=1500, **kw) if "lost" in name
+                   else train_on_cluster(cluster, log, timeout=1500, **kw))
             curve = {int(a): float(b) for a, b in re.findall(r"step (\d+): validation decision accuracy ([\d.]+)",
                                                              log.read_text(errors="replace"))}
-            runs[n] = res | {"curve": sorted(curve.items())}
+            runs[name] = res | {"curve": sorted(curve.items()), "driver_s": time.monotonic() - t}
         placement = cluster.actors_by_node(TRAIN_WORKER, state=None)
-    return {"runs": {str(k): v for k, v in runs.items()}, "placement": placement, "steps": steps}
+    return {"runs": runs, "placement": placement, "steps": steps}
 
 
 def train_table(r: dict) -> list[str]:
-    lines = ["### Ray Train: f_theta with 1 and 2 data-parallel workers (2 on 2 worker nodes)", "",
-             "| workers | steps | instances | wall s (the call) | s in training steps (rank 0) "
-             "| validation decision accuracy, last |", "|---|---|---|---|---|---|"]
-    for n, run in sorted(r["runs"].items()):
+    lines = ["### Ray Train: f_theta with 1 and 2 data-parallel workers, and a node lost", "",
+             "| workers | steps | resumed from step | instances | wall s (the call) | s in training steps (rank 0, "
+             "since the last start) | validation decision accuracy, last |", "|---|---|---|---|---|---|---|"]
+    for n, run in r["runs"].items():
         last = run["curve"][-1][1] if run["curve"] else None
-        lines.append(f"| {n} | {run['steps']} | {run['instances']} | {run['wall_s']:.1f} | {run['train_s']:.1f} "
-                     f"| {_s(last, '{:.4f}')} |")
-    return lines + ["", f"Ray Train worker actors per node over both runs: {r['placement']}. Each global batch is "
-                        "dealt over the workers and DDP averages their gradients, so the curves should agree to "
+        lines.append(f"| {n} | {run['steps']} | {run['start_step']} | {run['instances']} | {run['wall_s']:.1f} "
+                     f"| {run['train_s']:.1f} | {_s(last, '{:.4f}')} |")
+    lost = r["runs"].get("2, node lost")
+    if lost:
+        cost = lost["wall_s"] - r["runs"]["2"]["wall_s"]
+        lines += ["", f"The node lost ({lost['lost']}) held a Train worker; it was SIGKILLed when Ray Train had "
+                      f"registered the checkpoint of step {lost['registered_at_kill']}, and the run finished "
+                      f"{lost['after_kill_s']:.1f} s later, {cost:+.1f} s against the uninterrupted 2-worker run."]
+    return lines + ["", f"Ray Train worker actors per node over the three runs: {r['placement']}. Each global batch "
+                        "is dealt over the workers and DDP averages their gradients, so the curves should agree to "
                         "noise.", ""]
 
 
@@ -474,13 +528,15 @@ def plot_train(r: dict, path: Path) -> Path:
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    for n, run in sorted(r["runs"].items()):
-        ax.plot([s for s, _ in run["curve"]], [a for _, a in run["curve"]], marker="o", ms=3,
-                label=f"{n} worker{'s' if n != '1' else ''}")
+    for (n, run), ls in zip(r["runs"].items(), ("-", "--", ":")):
+        ax.plot([s for s, _ in run["curve"]], [a for _, a in run["curve"]], ls, marker="o", ms=3,
+                label=f"{n} worker{'s' if not n.startswith('1') else ''}")
+        if "registered_at_kill" in run:
+            ax.axvline(run["registered_at_kill"], color="grey", lw=0.8)
     ax.set_xlabel("step")
     ax.set_ylabel("validation decision accuracy")
     ax.legend(fontsize=8)
-    ax.set_title("f_theta training, 1 worker vs 2 workers on 2 nodes", fontsize=10)
+    ax.set_title("f_theta training: 1 worker, 2 workers, 2 workers with a node lost", fontsize=10)
     return save(fig, path, 120)
 
 
@@ -692,22 +748,14 @@ def plot_autoscale(r: dict, path: Path) -> Path:
 
 def report(results: dict, preface: str, out: Path) -> str:
     lines = ["# canopy-ray on several Ray nodes", "", preface, ""]
-    if "index" in results:
-        lines += index_table(results["index"])
-        png = plot_index(results["index"], out.with_name("cluster_index.png"))
-        lines += [f"![index job node loss]({png.name})", ""]
-    if "serve" in results:
-        lines += serve_table(results["serve"])
-        png = plot_serve(results["serve"], out.with_name("cluster_serve.png"))
-        lines += [f"![serve node loss timeline]({png.name})", ""]
-    if "train" in results:
-        lines += train_table(results["train"])
-        png = plot_train(results["train"], out.with_name("cluster_train.png"))
-        lines += [f"![1 vs 2 Train workers]({png.name})", ""]
-    if "autoscale" in results:
-        lines += autoscale_table(results["autoscale"])
-        png = plot_autoscale(results["autoscale"], out.with_name("cluster_autoscale.png"))
-        lines += [f"![autoscaling ramp]({png.name})", ""]
+    parts = (("index", index_table, plot_index, "index job node loss"),
+             ("serve", serve_table, plot_serve, "serve node loss timeline"),
+             ("train", train_table, plot_train, "1 vs 2 Train workers, a node lost"),
+             ("autoscale", autoscale_table, plot_autoscale, "autoscaling ramp"))
+    for part, table, plot, alt in parts:
+        if part in results:
+            png = plot(results[part], out.with_name(f"cluster_{part}.png"))
+            lines += table(results[part]) + [f"![{alt}]({png.name})", ""]
     return "\n".join(lines)
 
 

@@ -142,6 +142,23 @@ def _question_progress(i: int, n: int) -> None:
     print(f"  question {i}/{n} at {time.strftime('%H:%M:%S')}", flush=True)
 
 
+def _question_bar() -> Callable[[int, int], None]:
+    """A progress bar over each method's questions (a new bar when a method starts again at 1)."""
+    from tqdm import tqdm
+
+    bar = None
+
+    def update(i: int, n: int) -> None:
+        nonlocal bar
+        if bar is None or i <= bar.n:
+            if bar is not None:
+                bar.close()
+            bar = tqdm(total=n, unit="question", disable=None)
+        bar.update(i - bar.n)
+
+    return update
+
+
 def main(argv=None) -> int:
     from canopy_ray.config import ConfigError, load_config
 
@@ -154,7 +171,7 @@ def main(argv=None) -> int:
                           k=args.k, branching=args.branching, rounds=args.rounds, flat_m=args.flat_m,
                           margin=args.margin,
                           out=args.out, llm_cache=args.llm_cache, progress=print, reader=not args.no_reader,
-                          question_progress=_question_progress if args.verbose else None,
+                          question_progress=_question_progress if args.verbose else _question_bar(),
                           reference=args.reference)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -70,7 +70,7 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
     ``out_dir`` receives that adapter rather than the last one.
     """
     import ray
-    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from canopy_ray.train.lora import ADAPTER_FILES
@@ -89,7 +89,8 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
         train_loop, train_loop_config=loop_config,
         scaling_config=ScalingConfig(num_workers=tc.workers, use_gpu=tc.use_gpu),
         run_config=RunConfig(name=name, storage_path=str(Path(storage_path).resolve()),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2)))
+                             checkpoint_config=CheckpointConfig(num_to_keep=2),
+                             failure_config=FailureConfig(max_failures=tc.max_failures)))
     result = trainer.fit()
     m = result.metrics or {}
     best = run_dir / "best"

@@ -12,7 +12,7 @@ and writes ``results.md`` with, per data set:
 
 the **Pareto** tables (also ``pareto.md``): per data set and setting, each method's reader
 tokens and answer recall (with the recalls, EM/F1 and paired differences against
-``no_projection`` and ``canopy``) and CANOPY's k x B points; ``pareto_<dataset>_<setting>.png``
+``no_projection`` and ``canopy``) and CANOPY's k x B points; ``pareto_<dataset>_<setting>[_margin<d>].png``
 draws them (methods as points with intervals on both axes, the sweep as lines);
 and two plots (matplotlib, Agg): ``quality_vs_tokens.png`` (F1 and answer recall against
 reader tokens, one line per method, k as points, at the ablation's B: the paper's Figure 2)
@@ -98,13 +98,20 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def setting(spec: dict) -> str:
+    """A run's setting, with its refinement margin when not the paper's 0: runs at different
+    margins are different operating points, never one table."""
+    m = spec.get("margin") or 0
+    return f"{spec['setting']} setting" + (f", margin {m:g}" if m else "")
+
+
 def _groups(runs: list[dict], role: str) -> dict[tuple, list[dict]]:
     """Runs of one role by (dataset, setting, n, k, B of the ablation); methods sorted."""
     out: dict[tuple, list[dict]] = defaultdict(list)
     for r in runs:
         if role in _roles(r):
             s = r["spec"]
-            out[(s["dataset"], s["setting"], s["n_questions"], s.get("reader", True))].append(r)
+            out[(s["dataset"], setting(s), s["n_questions"], s.get("reader", True))].append(r)
     return {k: sorted(v, key=lambda r: (_order(r["spec"]["method"]), r["spec"]["k"], r["spec"]["branching"]))
             for k, v in sorted(out.items())}
 
@@ -131,14 +138,14 @@ def _main_point(group: list[dict]) -> tuple[int, int]:
 
 def ablation_markdown(runs: list[dict]) -> list[str]:
     lines = []
-    for (dataset, setting, n, reader), group in _groups(runs, "ablation").items():
+    for (dataset, label, n, reader), group in _groups(runs, "ablation").items():
         if len({r["spec"]["method"] for r in group}) == 1 and len(group) > 1:
             continue  # one method over several points: a sweep, in the sweep table
         k, b = _main_point(group)
         group = _at_point(group, k, b)
         adapters = sorted({r["spec"]["node_adapter"] for r in group})
         note = "" if reader else ", reader skipped: EM/F1 not measured"
-        lines += [f"## {dataset}: methods ({setting} setting, k={k}, B={b}, {n} questions{note})", "",
+        lines += [f"## {dataset}: methods ({label}, k={k}, B={b}, {n} questions{note})", "",
                   f"Node encoder(s): {', '.join(adapters)}; reader: "
                   f"{', '.join(sorted({r['spec']['llm_model'] or '?' for r in group}))}. "
                   "Mean [95% bootstrap interval] over questions.", ""]
@@ -165,11 +172,11 @@ def ablation_markdown(runs: list[dict]) -> list[str]:
 
 def sweep_markdown(runs: list[dict]) -> list[str]:
     lines = []
-    for (dataset, setting, n, reader), group in _groups(runs, "grid").items():
+    for (dataset, label, n, reader), group in _groups(runs, "grid").items():
         if len({(r["spec"]["k"], r["spec"]["branching"]) for r in group}) < 2:
             continue  # one point: the methods table has it
         note = "" if reader else ", reader skipped: EM/F1 not measured"
-        lines += [f"## {dataset}: sweep over k and B ({setting} setting, {n} questions{note})", ""]
+        lines += [f"## {dataset}: sweep over k and B ({label}, {n} questions{note})", ""]
         rows = [[r["spec"]["method"], str(r["spec"]["k"]),
                  str(r["spec"]["branching"]) if METHODS.get(r["spec"]["method"]) is None
                  or METHODS[r["spec"]["method"]].uses_branching else "any",
@@ -260,7 +267,7 @@ def _pareto_sets(runs: list[dict]) -> dict[tuple, dict]:
     sample) and ``curve`` (CANOPY over k x B, the sample with most CANOPY points)."""
     by: dict[tuple, list[dict]] = defaultdict(list)
     for r in runs:
-        by[(r["spec"]["dataset"], r["spec"]["setting"])].append(r)
+        by[(r["spec"]["dataset"], setting(r["spec"]))].append(r)
     out = {}
     for key, group in sorted(by.items()):
         n_main = max(r["spec"]["n_questions"] for r in group)
@@ -276,6 +283,10 @@ def _pareto_sets(runs: list[dict]) -> dict[tuple, dict]:
     return out
 
 
+def _slug(label: str) -> str:
+    return label.replace(" setting", "").replace(", margin ", "_margin")
+
+
 def _ratio(a: dict, b: dict, m: str) -> str:
     x, y = _mean(a, m), _mean(b, m)
     return "-" if not (y and y == y and x == x) else f"{x / y - 1:+.1%}"
@@ -284,14 +295,14 @@ def _ratio(a: dict, b: dict, m: str) -> str:
 def pareto_markdown(runs: list[dict]) -> list[str]:
     """Reader tokens against answer recall: one table per data set and setting."""
     lines = []
-    for (dataset, setting), sets in _pareto_sets(runs).items():
+    for (dataset, label), sets in _pareto_sets(runs).items():
         main, curve = sets["main"], sets["curve"]
         if not main:
             continue
         ref = next((r for r in main if r["spec"]["method"] == "no_projection"), None)
         base = next((r for r in main if r["spec"]["method"] == "canopy"), None)
         k, b = main[0]["spec"]["k"], main[0]["spec"]["branching"]
-        lines += [f"### {dataset}, {setting} setting: reader tokens vs answer recall (k={k}, B={b})", "",
+        lines += [f"### {dataset}, {label}: reader tokens vs answer recall (k={k}, B={b})", "",
                   "Mean [95% bootstrap interval] over questions. Answer recall: a gold answer in the body of "
                   "the reader's evidence (titles left out); informative: the questions whose answer is not "
                   "yes/no and in no shown title (n_inf of them); with titles: the title-inclusive figure. "
@@ -331,14 +342,14 @@ def pareto_markdown(runs: list[dict]) -> list[str]:
 
 
 def plot_pareto(runs: list[dict], out: Path) -> list[Path]:
-    """``pareto_<dataset>_<setting>.png``: each method a point with its intervals on both axes,
+    """``pareto_<dataset>_<setting>[_margin<d>].png``: each method a point with its intervals on both axes,
     CANOPY's k x B sweep as one line per B through k."""
     from canopy_ray.plots import pyplot, save
 
     plt = pyplot()
 
     paths = []
-    for (dataset, setting), sets in _pareto_sets(runs).items():
+    for (dataset, label), sets in _pareto_sets(runs).items():
         main, curve = sets["main"], sets["curve"]
         if not main:
             continue
@@ -363,10 +374,10 @@ def plot_pareto(runs: list[dict], out: Path) -> list[Path]:
         k, b = main[0]["spec"]["k"], main[0]["spec"]["branching"]
         ax.set_xlabel("reader evidence tokens (mean per question)")
         ax.set_ylabel("answer recall, evidence body (informative questions)")
-        ax.set_title(f"{dataset}, {setting} setting (methods at k={k}, B={b})", fontsize=9)
+        ax.set_title(f"{dataset}, {label} (methods at k={k}, B={b})", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-        paths.append(save(fig, out / f"pareto_{dataset}_{setting}.png", 80))
+        paths.append(save(fig, out / f"pareto_{dataset}_{_slug(label)}.png", 80))
     return paths
 
 

@@ -68,3 +68,19 @@ def test_pareto_compares_with_no_projection_and_keeps_the_ablation_point(tmp_pat
     assert "| +0.0% | - | - | 0.500 [0.000, 1.000] | - |" in md
     ablation = md.split("## tiny: methods")[1].split("Paired differences")[0]
     assert ablation.count("| canopy |") == 1 and "| random |" in ablation
+
+
+def test_runs_at_another_margin_are_another_operating_point(tmp_path):
+    res = tmp_path / "res"
+    for margin, tokens in ((0.0, [100, 120, 80, 90]), (0.05, [180, 200, 160, 170])):
+        for method in ("canopy", "no_projection"):
+            run = _run(method, 10, 2, [1.0, 0.5, 0.0, 1.0], tokens if method == "canopy" else [200] * 4)
+            run["spec"]["margin"] = margin
+            write_json(res / f"{margin}" / f"{method}.json", run)
+    write_report(res)
+    md = (res / "pareto.md").read_text()
+    # one table each, never the two margins' canopy runs in one
+    assert "### tiny, given setting: reader tokens vs answer recall" in md
+    assert "### tiny, given setting, margin 0.05: reader tokens vs answer recall" in md
+    assert (res / "pareto_tiny_given_margin0.05.png").exists() and (res / "pareto_tiny_given.png").exists()
+    assert "| canopy | 4 | 98 [" in md and "| canopy | 4 | 178 [" in md

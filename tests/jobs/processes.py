@@ -5,9 +5,11 @@ process of the run. Shared by the kill tests of the index job and of training.""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +28,30 @@ def unshare_ok() -> bool:
         return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def shell_text(path: Path) -> str:
+    """A document's text with shell continuations joined and spaces collapsed, to find its
+    commands in."""
+    return re.sub(r"[ \t]+", " ", path.read_text().replace("\\\n", " "))
+
+
+def run_in_own_pids(script: list[str], work: Path, timeout: float, **env: str) -> tuple[int | str, str]:
+    """``script`` (bash lines) in a PID namespace of its own, where ``ray stop`` sees only the
+    Ray it started; ``--kill-child`` ends every process in it when the script ends or this test
+    dies. No ``RAY_`` variable of the suite's leaks in; ``OUT`` is ``work``. The exit status (or
+    ``"timeout"``) and the output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | env
+    env |= {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "OUT": str(work)}
+    log = work / "sequence.log"
+    cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", "\n".join(script)]
+    with log.open("w") as f:
+        try:
+            rc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], env=env, stdout=f,
+                                stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    return rc, log.read_text(errors="replace")
 
 
 class KillableJob:

@@ -11,11 +11,7 @@ temp dir, free ports on 127.0.0.1, and the addresses of those ports for the clie
 
 import importlib.util
 import json
-import os
-import re
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.jobs.processes import unshare_ok
+from tests.jobs.processes import run_in_own_pids, shell_text, unshare_ok
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from local_cluster import free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "index" / "corpus.jsonl"
@@ -49,25 +49,8 @@ pytestmark = [
 ]
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _readme_commands() -> str:
-    """The README's shell lines with continuations joined and spaces collapsed."""
-    text = (ROOT / "README.md").read_text()
-    return re.sub(r"[ \t]+", " ", text.replace("\\\n", " "))
-
-
 def test_readme_shows_this_sequence():
-    readme = _readme_commands()
+    readme = shell_text(ROOT / "README.md")
     for cmd in DOCUMENTED:
         cmd = cmd.replace('"$CORPUS"', "/abs/path/corpus.jsonl").replace('"$OUT/index"', "/abs/path/runs/index")
         assert cmd in readme, cmd
@@ -76,7 +59,7 @@ def test_readme_shows_this_sequence():
 def test_cluster_commands_as_documented():
     work = Path(tempfile.mkdtemp(prefix="canopy-cluster-", dir="/tmp"))  # short: Ray's socket paths
     try:
-        gcs, dash, agent, agent_grpc, env_agent, metrics, nm, om, client, http = _free_ports(10)
+        gcs, dash, agent, agent_grpc, env_agent, metrics, nm, om, client, http = free_ports(10)
         serve_cfg = yaml.safe_load((ROOT / "configs" / "serve.yaml").read_text())
         serve_cfg["applications"][0]["args"]["index_dir"] = str(work / "index")  # as the README says
         serve_cfg["http_options"]["port"] = http
@@ -99,7 +82,7 @@ def test_cluster_commands_as_documented():
             "        time.sleep(2)\n"
             "sys.exit('the Serve application did not come up')\n")
         (work / "wait_for_app.py").write_text(wait_for_app)
-        script = "\n".join([
+        script = [
             "set -euo pipefail",
             'trap \'ray stop --force > "$OUT/stop-trap.log" 2>&1 || true\' EXIT',  # the finally
             DOCUMENTED[0],
@@ -119,19 +102,8 @@ def test_cluster_commands_as_documented():
             DOCUMENTED[5],
             "trap - EXIT",
             "echo SEQUENCE-DONE",
-        ])
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        env |= {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "OUT": str(work),
-                "CORPUS": str(CORPUS)}
-        log = work / "sequence.log"
-        # --kill-child: if this test dies or times out, the namespace and every process in it go too
-        cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", script]
-        with log.open("w") as f:
-            try:
-                rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=360).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-        out = log.read_text(errors="replace")
+        ]
+        rc, out = run_in_own_pids(script, work, 360, CORPUS=str(CORPUS))
         assert rc == 0 and "SEQUENCE-DONE" in out, f"rc={rc}\n{out[-5000:]}"
         assert "Job 'raysubmit_" in out and "succeeded" in out, out[-3000:]
         manifest = json.loads((work / "index" / "manifest.json").read_text())

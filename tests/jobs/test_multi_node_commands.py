@@ -10,10 +10,7 @@ given after the documented flags, which it overrides).
 """
 
 import json
-import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.jobs.processes import unshare_ok
+from tests.jobs.processes import run_in_own_pids, shell_text, unshare_ok
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -56,13 +53,8 @@ pytestmark = [
 ]
 
 
-def _doc_commands() -> str:
-    text = DOC.read_text()
-    return re.sub(r"[ \t]+", " ", text.replace("\\\n", " "))
-
-
 def test_doc_shows_these_commands():
-    doc = _doc_commands()
+    doc = shell_text(DOC)
     for cmd in HEAD + WORKER + JOBS:
         assert cmd in doc, cmd
 
@@ -94,17 +86,7 @@ def test_multi_node_commands_as_documented():
             "trap - EXIT",
             "echo SEQUENCE-DONE",
         ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        env |= {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "OUT": str(work),
-                "CORPUS": str(CORPUS)}
-        log = work / "sequence.log"
-        cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", "\n".join(script)]
-        with log.open("w") as f:
-            try:
-                rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=300).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-        out = log.read_text(errors="replace")
+        rc, out = run_in_own_pids(script, work, 300, CORPUS=str(CORPUS))
         assert rc == 0 and "SEQUENCE-DONE" in out, f"rc={rc}\n{out[-5000:]}"
         assert "Job 'raysubmit_" in out and "succeeded" in out, out[-3000:]
         manifest = json.loads((work / "index" / "manifest.json").read_text())

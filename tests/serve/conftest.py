@@ -14,7 +14,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "index"
 CPU_YAML = Path(__file__).resolve().parents[2] / "configs" / "cpu.yaml"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -27,7 +27,7 @@ def cfg(ray_local, tmp_path_factory):
     index_dir = tmp_path_factory.mktemp("index")
     run_index(load_config(CPU_YAML), FIXTURES / "corpus.jsonl", index_dir, media_root=FIXTURES, progress=False)
     return load_config(CPU_YAML, serve={"index_dir": str(index_dir), "media_root": str(FIXTURES),
-                                        "port": _free_port(), "max_items": 8, "max_body_bytes": 20_000},
+                                        "port": free_port(), "max_items": 8, "max_body_bytes": 20_000},
                        retrieval={"k": 3}, critic={"rounds": 2, "reader_token_cap": 2048})
 
 
@@ -41,3 +41,27 @@ def url(cfg):
     serve.run(build_app({"cfg": cfg}), name="canopy", route_prefix="/")
     yield f"http://{cfg.serve.host}:{cfg.serve.port}"
     serve.shutdown()
+
+
+def app_beside(cfg, app_cfg, name: str):
+    """A second application (config ``app_cfg``) at ``/name`` of the Serve that ``cfg`` names,
+    for a module's fixture to yield from: Serve is started here unless the package's runs, and
+    what was started here is stopped after."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+    from ray.serve.exceptions import RayServeException
+
+    from canopy_ray.serve import build_app
+
+    try:
+        _get_global_client()  # serve.status() would start one
+        started = False
+    except RayServeException:
+        started = True
+        serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
+    serve.run(build_app({"cfg": app_cfg}), name=name, route_prefix=f"/{name}")
+    yield f"http://{cfg.serve.host}:{cfg.serve.port}/{name}"
+    if started:
+        serve.shutdown()
+    else:
+        serve.delete(name)

@@ -6,7 +6,6 @@ port), beside the package's when that one runs. Timing bounds are generous hang 
 
 import asyncio
 import json
-import socket
 import sys
 import time
 from collections import Counter
@@ -18,49 +17,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from faults import kill_under_load, load, probe_body  # noqa: E402
 
+from tests.serve.conftest import app_beside, free_port  # noqa: E402
+
 APP = "faults"
 HANG_S = 120  # no request may take longer, whatever happens
 QUESTION = "When was the Eiffel Tower built?"
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve_running() -> bool:
-    """Whether a Serve instance runs (the package's app); ``serve.status()`` would start one."""
-    from ray.serve.context import _get_global_client
-    from ray.serve.exceptions import RayServeException
-
-    try:
-        _get_global_client()
-    except RayServeException:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def faults(cfg):
     """This module's application; its URL. Serve is started here unless the package's runs."""
-    from ray import serve
-
-    from canopy_ray.serve import build_app
-
     mine = cfg.override(serve={"replica_cpus": 0.05, "refiner_limits": (4, 4), "retry_after_s": 3,
                                "call_timeout_s": 60, "request_timeout_s": 100},
-                        llm={"backend": "openai", "url": f"http://127.0.0.1:{_closed_port()}/v1",
+                        llm={"backend": "openai", "url": f"http://127.0.0.1:{free_port()}/v1",
                              "model": "stand-in", "timeout_s": 5})
-    started = not _serve_running()
-    if started:
-        serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
-    serve.run(build_app({"cfg": mine}), name=APP, route_prefix=f"/{APP}")
-    yield f"http://{cfg.serve.host}:{cfg.serve.port}/{APP}"
-    if started:
-        serve.shutdown()
-    else:
-        serve.delete(APP)
+    yield from app_beside(cfg, mine, APP)
 
 
 def _compress_bodies(n: int, tag: str) -> list[str]:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from canopy_ray.config import load_config
+from tests.serve.conftest import app_beside
 
 pytestmark = [
     pytest.mark.integration,
@@ -30,17 +31,6 @@ QUESTION = "When was the Eiffel Tower built?"
 ASK = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 
-def _serve_running() -> bool:
-    from ray.serve.context import _get_global_client
-    from ray.serve.exceptions import RayServeException
-
-    try:
-        _get_global_client()
-    except RayServeException:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def vcfg(cfg):
     """The package's index and request limits, with vllm-cpu.yaml's LLM section."""
@@ -48,20 +38,8 @@ def vcfg(cfg):
 
 
 @pytest.fixture(scope="module")
-def vurl(vcfg):
-    from ray import serve
-
-    from canopy_ray.serve import build_app
-
-    started = not _serve_running()
-    if started:
-        serve.start(http_options={"host": vcfg.serve.host, "port": vcfg.serve.port})
-    serve.run(build_app({"cfg": vcfg}), name=APP, route_prefix=f"/{APP}")
-    yield f"http://{vcfg.serve.host}:{vcfg.serve.port}/{APP}"
-    if started:
-        serve.shutdown()
-    else:
-        serve.delete(APP)
+def vurl(cfg, vcfg):
+    yield from app_beside(cfg, vcfg, APP)
 
 
 @pytest.fixture(scope="module")
