@@ -529,8 +529,9 @@ def plot_train(r: dict, path: Path) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     for (n, run), ls in zip(r["runs"].items(), ("-", "--", ":")):
+        workers, _, lost = n.partition(", ")
         ax.plot([s for s, _ in run["curve"]], [a for _, a in run["curve"]], ls, marker="o", ms=3,
-                label=f"{n} worker{'s' if not n.startswith('1') else ''}")
+                label=f"{workers} worker{'s' if workers != '1' else ''}" + (f", {lost}" if lost else ""))
         if "registered_at_kill" in run:
             ax.axvline(run["registered_at_kill"], color="grey", lw=0.8)
     ax.set_xlabel("step")
@@ -796,7 +797,8 @@ def main(argv=None) -> int:
             if raw:  # kept at once: the report can be drawn again from it
                 raw.parent.mkdir(parents=True, exist_ok=True)
                 raw.write_text(json.dumps(results, indent=1, default=str) + "\n")
-    preface = ("A head without CPUs and two worker nodes of 2 CPUs on 127.0.0.1 (`benchmarks/local_cluster.py`), "
+    preface = ("A head without CPUs and two worker nodes of 2 CPUs (train: three of 1 CPU) on 127.0.0.1 "
+               "(`benchmarks/local_cluster.py`), "
                "token auth on, Ray's default health checks (a node is marked dead after 5 missed checks 3 s apart); "
                "a node is lost by SIGKILL of every process of it at once. Measured by "
                + "; ".join(f"{stamp} ({', '.join(parts)})" for stamp, parts in _by_stamp(results).items()) + ".")

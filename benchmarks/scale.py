@@ -19,12 +19,15 @@ Per N (and dim), each step in its own process so that its peak memory is its own
   one query at a time (batch 1) and 32 in flight; the replica's start-up and peak memory;
 - ``ivf``: recall@10 against the floor and queries/s for a sweep of ``nprobe``.
 
-Results accumulate in ``results/bench/scale.json`` (one record per step, N and dim), rendered
-to ``scale.md`` and ``scale.png`` after every step. Times are wall-clock on a shared machine:
-compare the forms within one N (one run), and the slopes across N.
+Results accumulate in ``results/bench/scale.json`` (one record per N and dim, one entry per step),
+rendered to ``scale.md`` and ``scale.png`` after every step; ``--steps`` with no step renders the
+stored results only. Times are wall-clock: compare the forms within one N (one run), and the
+slopes across N.
 
     python benchmarks/scale.py --n 100000 1000000 --root /tmp/scale
-    nice -n 10 python benchmarks/scale.py --n 10000000 --root /tmp/scale --nodes-up-to 1000000
+    python benchmarks/scale.py --n 10000000 --root /tmp/scale --nodes-up-to 1000000
+    python benchmarks/scale.py --n 1000000 --dim 2048 --root /tmp/scale --nodes-up-to 0
+    python benchmarks/scale.py --steps          # render results/bench/scale.json again
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ LATENT, CLUSTERS, SPREAD, NOISE = 48, 256, 1.0, 0.1
 CHUNK, SEED, K = 250_000, 0, 10
 SHARDS = 2  # configs/cpu.yaml's retrieval.shards
 NPROBES = (4, 8, 16, 32, 64)
+MACHINE = "2 CPU cores, 24 GiB of memory, no GPU"
+# steps of the stored records that ran with other work on the machine (the rest ran on it otherwise
+# idle): their times, and the Serve overhead most of all, are noisy. Drop an entry when it is re-measured.
+# (None: every step of the record)
+UNDER_LOAD = {"100000-384": None, "1000000-384": None, "1000000-2048": None, "10000000-384": ("build_ivf", "ivf")}
 
 
 # ---- data ---------------------------------------------------------------------------------
@@ -125,7 +133,7 @@ def timed_search(search, qs: np.ndarray, batch: int, budget_s: float, max_batche
 def timed(searches: dict, qs: np.ndarray, batch: int, budget_s: float, max_batches: int, warm: bool = True) -> dict:
     """Per search: latency per call (p50/p99, ms) and queries/s over up to ``max_batches`` calls
     of ``batch`` queries (stopping after ``budget_s`` in all). Several searches take turns on
-    the same batches, so a load change on the shared machine hits them alike. A first call
+    the same batches, so a change in the machine's load hits them alike. A first call
     of each (``warm``: page faults, thread pools) is not counted."""
     for fn in searches.values() if warm else ():
         fn(qs[:batch])
@@ -150,7 +158,7 @@ def timed(searches: dict, qs: np.ndarray, batch: int, budget_s: float, max_batch
 def budgets(n: int) -> dict:
     """Queries per measurement, fewer as a flat scan grows (time on 2 cores is the limit)."""
     big = n >= 5_000_000
-    return {"b1": (5 if big else 200, 30.0), "b32": (1 if big else 8, 60.0), "recall": 32 if big else 256}
+    return {"b1": (20 if big else 200, 60.0), "b32": (3 if big else 8, 90.0), "recall": 32 if big else 256}
 
 
 # ---- steps -------------------------------------------------------------------------------------
@@ -250,27 +258,13 @@ def step_search(n: int, dim: int, root: Path) -> dict:
     sh["load_noverify_s"] = round(time.perf_counter() - t, 3)
     sh["mem_after_load"] = mem()
     ways = {"floor": lambda q: floor.search(q, K), "sharded": lambda q: index.shards.search(q, K)}
-    if n >= 5_000_000:  # both indexes do not fit in the page cache here: one after the other, each cached
-        res["order"] = sh["order"] = "one after the other (floor, then sharded)"
-        for name, fn, rec in (("floor", ways["floor"], res["floor"]), ("sharded", ways["sharded"], sh)):
-            rec["b1"] = timed_search(fn, qs, 1, b["b1"][1], b["b1"][0])
-            t = time.perf_counter()
-            got = fn(qs[:32])[1]  # FAISS scans the codes once per query: 32 passes, so one batch
-            rec["b32"] = {"batch": 32, "calls": 1, "qps": round(32 / (time.perf_counter() - t), 3),
-                          "p50_ms": round((time.perf_counter() - t) * 1e3, 3), "p99_ms": None}
-            if name == "floor":
-                want = got
-                np.save(root / f"floor-{n}-{dim}" / "ids.npy", want)
-            else:
-                sh["recall_vs_floor"] = recall(got, want)
-    else:
-        for name, kind in (("b1", 1), ("b32", 32)):
-            got = timed(ways, qs, kind, b[name][1], b[name][0], warm=kind == 1)
-            res["floor"][name], sh[name] = got["floor"], got["sharded"]
-        want = floor.search(qs[:b["recall"]], K)[1]
-        sh["recall_vs_floor"] = recall(index.shards.search(qs[:b["recall"]], K)[1], want)
-        np.save(root / f"floor-{n}-{dim}" / "ids.npy", want)
-        sh["ids_b1"] = timed_search(lambda q: index.search(q, K), qs, 1, b["b1"][1] / 3, b["b1"][0] // 4)
+    for name, kind in (("b1", 1), ("b32", 32)):
+        got = timed(ways, qs, kind, b[name][1], b[name][0], warm=kind == 1)
+        res["floor"][name], sh[name] = got["floor"], got["sharded"]
+    want = floor.search(qs[:b["recall"]], K)[1]
+    sh["recall_vs_floor"] = recall(index.shards.search(qs[:b["recall"]], K)[1], want)
+    np.save(root / f"floor-{n}-{dim}" / "ids.npy", want)
+    sh["ids_b1"] = timed_search(lambda q: index.search(q, K), qs, 1, b["b1"][1] / 3, b["b1"][0] // 4)
     rng = np.random.default_rng(7)
     picks = [[f"syn-{i:09d}" for i in rng.integers(0, n, K)] for _ in range(50)]
     t = time.perf_counter()
@@ -375,41 +369,11 @@ def step_ivf(n: int, dim: int, root: Path) -> dict:
     return res
 
 
-def step_ivf_onepass(n: int, dim: int, root: Path) -> dict:
-    """Where the fp16 index does not stay in the page cache (10M x 384 next to other jobs' memory):
-    the exact top-10 of one batch of 32 queries from a single pass over the stored codes (fp16
-    decoded blockwise, scored with one matrix product per block), then the ivf sweep against it."""
-    from canopy_ray.index import load_index
-
-    qs = queries(mixture(dim), 200)
-    q = qs[:32]
-    t = time.perf_counter()
-    best_s = np.full((32, K), -np.inf, np.float32)
-    best_i = np.zeros((32, K), np.int64)
-    for a, x in stored_vectors(root / f"sharded-{n}-{dim}"):
-        s = q @ x.T
-        top = np.argpartition(-s, K, axis=1)[:, :K]
-        cand_s = np.concatenate([best_s, np.take_along_axis(s, top, 1)], 1)
-        cand_i = np.concatenate([best_i, top + a], 1)
-        keep = np.argsort(-cand_s, axis=1, kind="stable")[:, :K]
-        best_s, best_i = np.take_along_axis(cand_s, keep, 1), np.take_along_axis(cand_i, keep, 1)
-    one_pass = time.perf_counter() - t
-    res = {"exact_one_pass_b32": {"batch": 32, "calls": 1, "qps": round(32 / one_pass, 3),
-                                  "p50_ms": round(one_pass * 1e3, 1)}}
-    t = time.perf_counter()
-    index = load_index(root / f"ivf-{n}-{dim}", verify=False)
-    res.update({"load_noverify_s": round(time.perf_counter() - t, 3), "mem_after_load": mem(), "sweep": []})
-    for nprobe in (8, 16, 32, 64):
-        sh = index.shards.set_nprobe(nprobe)
-        got = sh.search(q, K)[1]
-        res["sweep"].append({"nprobe": nprobe, "recall_vs_floor": recall(got, best_i),
-                             "b1": timed_search(lambda x: sh.search(x, K), qs, 1, 10.0, 100),
-                             "b32": timed_search(lambda x: sh.search(x, K), qs, 32, 10.0, 4)})
-    res["mem_after_search"] = mem()
-    return res
-
-
-STEPS = {"search": step_search, "serve": step_serve, "ivf": step_ivf, "ivf_onepass": step_ivf_onepass}
+STEPS = {"search": step_search, "serve": step_serve, "ivf": step_ivf}
+FORMS = ("floor", "sharded", "ivf")
+# what a record holds; anything else is left over from an older version of this script and is dropped
+# when the results are saved
+RECORD_KEYS = {"n", "dim", *(f"build_{f}" for f in FORMS), "floor", "sharded", "serve", "ivf"}  # search: floor, sharded
 
 
 # ---- driver ------------------------------------------------------------------------------------
@@ -427,6 +391,9 @@ def run_step(args, step: str, n: int, dim: int) -> dict:
 
 
 def save(results: dict, path: Path) -> None:
+    for rec in results.values():
+        for key in set(rec) - RECORD_KEYS:
+            del rec[key]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1, sort_keys=True))
     path.with_suffix(".md").write_text(report(results, path.with_suffix(".png")))
@@ -438,8 +405,9 @@ def report(results: dict, png: Path) -> str:
     lines = [f"# Retrieval cost against corpus size ({'`python benchmarks/scale.py`'})", "",
              "Synthetic clustered unit vectors (seeded; a 256-component Gaussian mixture in a 48-dimensional "
              "subspace plus full-dimensional noise), written by `canopy_ray.index.writer.IndexWriter` "
-             f"({SHARDS} fp16 shards, as `configs/cpu.yaml`), searched for k = {K}. Every number is measured on a "
-             "2-core machine shared with other jobs: compare forms within one N, and slopes across N. "
+             f"({SHARDS} fp16 shards, as `configs/cpu.yaml`), searched for k = {K}. Every number is measured, on "
+             f"one machine ({MACHINE}): compare forms within one N, and slopes across N. "
+             + _load_note(results) +
              "Memory in GiB: `anon` is the process's own, `file` mapped index files (the page cache, shared by "
              "every process mapping them), `peak` the high-water mark (VmHWM, both kinds).", "",
              "## Build (one process per form; disk in GB = 1e9 bytes)", "",
@@ -465,7 +433,7 @@ def report(results: dict, png: Path) -> str:
               "Shards are memory-mapped (`IO_FLAG_MMAP_IFC`): loading reads the manifest, verifies checksums "
               "(`load_index(verify=True)`, as the Retriever does) and maps the files; pages come in as searches "
               "touch them. The floor and the sharded index are loaded in one process (both mapped), so its "
-              "memory after searching holds both.", "",
+              "memory after searching holds both; the Retriever replica and the ivf process map one index each.", "",
               "| N | dim | process | load s | after load: rss / anon / file | after searching: rss / anon / file | peak |",
               "|---|---|---|---|---|---|---|"]
     for r in recs:
@@ -505,24 +473,18 @@ def report(results: dict, png: Path) -> str:
                          f"{g(x, 'b1', 'p99_ms')} | {g(x, 'b32', 'qps')} | {g(x, 'b32', 'p50_ms')} | "
                          f"{g(x, 'b32', 'p99_ms')} | {rec} |")
     lines += ["", "## Approximate: ivf (fp16 codes in nlist lists, nprobe scanned)", "",
-              "Recall@10 against the flat fp16 index (the floor's results); speed-up against the sharded exact "
-              "search of the same N.", "",
-              "| N | dim | nprobe | recall@10 | b1 q/s | b1 p50 ms | b32 q/s | x exact (b1) | x exact (b32) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "Recall@10 against the flat index (one FAISS fp16 index, the floor: its top-10 on the same queries). "
+              "The 'x flat' columns divide the ivf's queries/s by the flat index's, as measured in the search step "
+              "of the same N (exact search three ways, above) at the same batch size.", "",
+              "| N | dim | nprobe | recall@10 | b1 q/s | b1 p50 ms | b32 q/s | b32 p50 ms | x flat (b1) | "
+              "x flat (b32) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in recs:
-        for x in g(r, "ivf", "sweep") or g(r, "ivf_onepass", "sweep") or []:
-            e1, e32 = g(r, "sharded", "b1", "qps"), _exact_b32(r)
+        for x in g(r, "ivf", "sweep") or []:
             lines.append(f"| {r['n']:,} | {r['dim']} | {x['nprobe']} | {x['recall_vs_floor']} | {x['b1']['qps']} | "
-                         f"{x['b1']['p50_ms']} | {x['b32']['qps']} | {_ratio(x['b1']['qps'], e1)} | "
-                         f"{_ratio(x['b32']['qps'], e32)} |")
-    for r in recs:
-        x = r.get("ivf_onepass")
-        if x:
-            lines += ["", f"At {r['n']:,} the fp16 index ({g(r, 'build_sharded', 'disk_bytes') / 1e9:.1f} GB) did not stay "
-                      "in the page cache next to other jobs' memory, so a FAISS scan read it from disk; the exact "
-                      "reference for the ivf recall is one blockwise pass over the stored codes for one batch of 32 "
-                      f"queries: {x['exact_one_pass_b32']['p50_ms'] / 1e3:.0f} s, "
-                      f"{x['exact_one_pass_b32']['qps']} q/s (the 'x exact' columns at this N use it)."]
+                         f"{x['b1']['p50_ms']} | {x['b32']['qps']} | {x['b32']['p50_ms']} | "
+                         f"{_ratio(x['b1']['qps'], g(r, 'floor', 'b1', 'qps'))} | "
+                         f"{_ratio(x['b32']['qps'], g(r, 'floor', 'b32', 'qps'))} |")
     lines += ["", "## Item fetch and node-store lookups, k = 10 items", "",
               "| N | dim | first fetch s (reads ids' order) | fetch p50 / p99 ms | node lookups p50 / p99 ms | nodes |",
               "|---|---|---|---|---|---|"]
@@ -536,25 +498,43 @@ def report(results: dict, png: Path) -> str:
                      + (f"{nk['p50_ms']} / {nk['p99_ms']} | {g(r, 'build_sharded', 'nodes'):,} |" if nk
                         else "not built | 0 |"))
     lines += ["", "## Targets (issue 24), per N", "",
-              "| N | dim | sharded recall | sharded / floor q/s (b32) | Serve adds to sharded p50 (b1) | best ivf "
-              "recall >= 0.95: nprobe, x exact q/s (b32) |", "|---|---|---|---|---|---|"]
+              "Set for 10M x 384: the sharded search's recall 1.0 at >= 0.8x the flat index's q/s (b32); Serve "
+              "adds <= 20% to the sharded search's p50 (b1, taking turns in one driver); ivf recall@10 >= 0.95 "
+              "at >= 10x the flat index's q/s; the replica's peak RSS below two copies of the index (the fp16 "
+              "codes: 2 x N x dim bytes).", "",
+              "| N | dim | sharded recall | sharded / flat q/s (b32) | Serve adds to sharded p50 (b1) | fastest ivf "
+              "with recall@10 >= 0.95: nprobe, x flat q/s (b1, b32) | replica peak RSS (anon) / fp16 codes GiB |",
+              "|---|---|---|---|---|---|---|"]
     for r in recs:
-        ok = [x for x in g(r, "ivf", "sweep") or g(r, "ivf_onepass", "sweep") or [] if x["recall_vs_floor"] >= 0.95]
+        ok = [x for x in g(r, "ivf", "sweep") or [] if x["recall_vs_floor"] >= 0.95]
         best = max(ok, key=lambda x: x["b32"]["qps"]) if ok else None
         serve_add = _ratio(g(r, "serve", "b1", "p50_ms"), g(r, "serve", "sharded_b1", "p50_ms"), minus_one=True)
+        peak, anon = (g(r, "serve", "replica_mem_after_search", k) for k in ("peak", "anon"))
+        codes = 2 * r["n"] * r["dim"] / 2**30  # the fp16 item vectors, what a search maps
         lines.append(f"| {r['n']:,} | {r['dim']} | {g(r, 'sharded', 'recall_vs_floor')} | "
                      f"{_ratio(g(r, 'sharded', 'b32', 'qps'), g(r, 'floor', 'b32', 'qps'))} | {serve_add} | "
-                     + (f"{best['nprobe']}, {_ratio(best['b32']['qps'], _exact_b32(r))} |" if best
-                        else "none in the sweep |"))
+                     + (f"{best['nprobe']}, {_ratio(best['b1']['qps'], g(r, 'floor', 'b1', 'qps'))}, "
+                        f"{_ratio(best['b32']['qps'], g(r, 'floor', 'b32', 'qps'))} | " if best
+                        else ("none in the sweep | " if g(r, "ivf") else "- | "))
+                     + (f"{peak} ({anon}) / {codes:.2f} |" if peak else "- |"))
     plot(recs, png)
     lines += ["", f"![cost against N]({png.name})", ""]
     return "\n".join(lines).replace("| None ", "| - ")
 
 
-def _exact_b32(r: dict):
-    """Exact search q/s at batch 32: the sharded search's, or where the index did not stay in the
-    page cache (10M here), one blockwise pass over the stored codes for the batch."""
-    return _get(r, ("sharded", "b32", "qps")) or _get(r, ("ivf_onepass", "exact_one_pass_b32", "qps"))
+def _under_load(r: dict, step: str) -> bool:
+    key = f"{r['n']}-{r['dim']}"
+    return key in UNDER_LOAD and (UNDER_LOAD[key] is None or step in UNDER_LOAD[key])
+
+
+def _load_note(results: dict) -> str:
+    what = lambda steps: "every step" if steps is None else " and ".join(steps)  # noqa: E731
+    loaded = [f"{what(UNDER_LOAD[k])} at {r['n']:,} x {r['dim']}"
+              for k, r in sorted(results.items(), key=lambda kv: (kv[1]["dim"], kv[1]["n"])) if k in UNDER_LOAD]
+    if not loaded:
+        return ""
+    return (f"Measured with other work running on the machine (background load): {'; '.join(loaded)}. Their times, "
+            "and the Serve overhead most of all, are noisy; the other steps ran on the machine otherwise idle. ")
 
 
 def _get(d, keys):
@@ -571,43 +551,65 @@ def _ratio(a, b, minus_one: bool = False) -> str:
     return f"{(a / b - 1) * 100:+.0f}%" if minus_one else f"{a / b:.2f}x"
 
 
+_MARKER_NAMES = {"o": "circle", "s": "square", "^": "triangle", "D": "diamond"}
+
+
 def plot(recs: list[dict], png: Path) -> None:
+    """Log-log against N: one colour per quantity, one marker per dim; an open marker where the
+    step ran with other work on the machine (``UNDER_LOAD``)."""
+    from matplotlib.lines import Line2D
+
     from canopy_ray.plots import pyplot, save
 
     plt = pyplot()
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4.5))
-    for dim in sorted({r["dim"] for r in recs}):
-        rs = [r for r in recs if r["dim"] == dim]
-        ns = [r["n"] for r in rs]
-        tag = f" (dim {dim})"
+    fig, ax = plt.subplots(1, 3, figsize=(15, 6))
+    markers = dict(zip(sorted({r["dim"] for r in recs}), "os^D"))
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]  # grey is for the keys
 
-        def line(a, ys, label, **kw):
-            pts = [(n, y) for n, y in zip(ns, ys) if y]
-            if pts:
-                a.loglog(*zip(*pts), marker="o", label=label + tag, **kw)
+    def line(a, step, value, label, ls="-"):
+        colour = palette[len(handles[a]) % len(palette)]
+        for dim, marker in markers.items():
+            pts = [(r["n"], value(r), _under_load(r, step)) for r in recs if r["dim"] == dim]
+            pts = [p for p in pts if p[1]]
+            if not pts:
+                continue
+            a.loglog([p[0] for p in pts], [p[1] for p in pts], ls=ls, color=colour, alpha=0.6)
+            for n, y, loaded in pts:
+                a.loglog([n], [y], marker=marker, ls="", color=colour, markersize=7,
+                         markerfacecolor="white" if loaded else colour)
+        handles[a].append(Line2D([], [], color=colour, ls=ls, marker="o", label=label))
 
-        for form in ("floor", "sharded", "ivf"):
-            line(ax[0], [_get(r, (f"build_{form}", "build_s")) for r in rs], form)
-        line(ax[1], [_get(r, ("sharded", "mem_after_search", "rss")) for r in rs], "sharded rss after search")
-        line(ax[1], [_get(r, ("sharded", "mem_after_load", "anon")) for r in rs], "sharded anon after load", ls="--")
-        line(ax[1], [_get(r, ("serve", "replica_mem_after_search", "peak")) for r in rs], "Retriever replica peak")
-        line(ax[1], [_get(r, ("build_sharded", "disk_bytes")) and _get(r, ("build_sharded", "disk_bytes")) / 2**30
-                     for r in rs], "sharded dir on disk (node store to 1M only)", ls=":")
-        for step in ("floor", "sharded", "serve"):
-            line(ax[2], [_get(r, (step, "b1", "p50_ms")) for r in rs], f"{step} b1 p50")
-        ivf = []
-        for r in rs:
-            ok = [x for x in _get(r, ("ivf", "sweep")) or _get(r, ("ivf_onepass", "sweep")) or []
-                  if x["recall_vs_floor"] >= 0.95]
-            ivf.append(min(ok, key=lambda x: x["b1"]["p50_ms"])["b1"]["p50_ms"] if ok else None)
-        line(ax[2], ivf, "ivf b1 p50 (recall>=0.95)")
+    handles = {a: [] for a in ax}
+    for form in FORMS:
+        line(ax[0], f"build_{form}", lambda r, f=form: _get(r, (f"build_{f}", "build_s")),
+             {"floor": "flat (one FAISS index)", "sharded": "sharded (incl. generating the rows)"}.get(form, form))
+    line(ax[1], "serve", lambda r: _get(r, ("serve", "replica_mem_after_search", "peak")),
+         "Retriever replica, peak RSS")
+    line(ax[1], "serve", lambda r: _get(r, ("serve", "replica_mem_after_search", "anon")),
+         "Retriever replica, anon", ls="--")
+    line(ax[1], "build_floor", lambda r: (_get(r, ("build_floor", "disk_bytes")) or 0) / 2**30,
+         "fp16 codes on disk (one file)", ls=":")
+    line(ax[1], "build_sharded", lambda r: (_get(r, ("build_sharded", "disk_bytes")) or 0) / 2**30,
+         "sharded dir on disk (node store to 1M x 384)", ls="-.")
+    for step, label in (("floor", "flat (one FAISS index)"), ("sharded", "sharded + exact merge"),
+                        ("serve", "Serve Retriever")):
+        line(ax[2], "serve" if step == "serve" else "search", lambda r, s=step: _get(r, (s, "b1", "p50_ms")),
+             f"{label}, p50")
+
+    def ivf(r):
+        ok = [x for x in _get(r, ("ivf", "sweep")) or [] if x["recall_vs_floor"] >= 0.95]
+        return min(x["b1"]["p50_ms"] for x in ok) if ok else None
+
+    line(ax[2], "ivf", ivf, "ivf, p50 (fastest nprobe with recall@10 >= 0.95)")
+    fig.suptitle("markers: " + ", ".join(f"{_MARKER_NAMES[m]} dim {d}" for d, m in markers.items())
+                 + "; open marker: measured under background load", fontsize=9)
     for a, title, yl in ((ax[0], "build time", "seconds"), (ax[1], "memory and disk", "GiB"),
                          (ax[2], "search latency, batch 1", "ms")):
         a.set_title(title)
         a.set_xlabel("items N")
         a.set_ylabel(yl)
         a.grid(True, which="both", alpha=0.3)
-        a.legend(fontsize=7)
+        a.legend(handles=handles[a], fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     save(fig, png, 110)
 
 
@@ -621,7 +623,8 @@ def main() -> None:
     ap.add_argument("--nlist", type=int, default=None, help="ivf lists (default: retrieval.nlist's auto rule)")
     ap.add_argument("--forms", nargs="+", default=["sharded", "floor", "ivf"], help="indexes to build "
                     "(floor and ivf from the sharded one's vectors)")
-    ap.add_argument("--steps", nargs="*", default=["build", "search", "serve", "ivf"])
+    ap.add_argument("--steps", nargs="*", default=["build", "search", "serve", "ivf"],
+                    help="steps to measure for each N; none: render the stored results only")
     ap.add_argument("--keep", action="store_true", help="keep the indexes of each N (default: removed)")
     ap.add_argument("--step", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -648,13 +651,13 @@ def main() -> None:
             elif step == "search":
                 rec.update(run_step(args, step, n, args.dim))
                 save(results, args.results)
-            elif step not in ("ivf", "ivf_onepass") or "ivf" in args.forms:
+            elif step != "ivf" or "ivf" in args.forms:
                 rec[step] = run_step(args, step, n, args.dim)
                 save(results, args.results)
         if not args.keep:
             import shutil
 
-            for form in ("floor", "sharded", "ivf"):
+            for form in FORMS:
                 shutil.rmtree(args.root / f"{form}-{n}-{args.dim}", ignore_errors=True)
 
 
