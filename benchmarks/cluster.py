@@ -27,6 +27,9 @@ of its ``ray start`` session (raylet, agents, the worker processes of its tasks 
   workers, and 2 workers again with the node of one of them SIGKILLed after the first checkpoint
   (Ray Train restarts both on the nodes left, from that checkpoint); the validation decision
   accuracy at every second step of each run, and what the loss cost in wall time.
+- ``sweep``: ``canopy sweep`` (``jobs/sweep.py``) of a reader-free k x B grid on the bundled sample
+  from a driver joined to the cluster; its autoscaling Ray Data actor pool (1..4 one-CPU actors)
+  sampled every 2 s: live actors per node and points written.
 
 ``--out`` also keeps the raw results as JSON beside the report, so a part can be run again alone
 (``--parts serve``) and the report redrawn with the others kept.
@@ -404,6 +407,89 @@ def autoscale_windows(r: dict, width: float = 10.0) -> list[dict]:
     return rows
 
 
+# ---------------------------------------------------------------- the sweep's actor pool
+
+POINT_WORKER = "MapWorker(MapBatches(PointWorker))"  # Ray Data's name for the sweep's actors
+
+
+def sweep_spec(work: Path, max_actors: int) -> Path:
+    """A reader-free k x B grid of ``no_iteration`` on the bundled HotpotQA sample: 9 points of
+    a few seconds each, so the pool has queued work to grow for and then runs out of it."""
+    import yaml
+
+    sample = ROOT / "canopy_ray" / "assets" / "sample"
+    spec = {"config": str(ROOT / "configs" / "cpu.yaml"), "setting": "given", "questions": 12, "llm_cache": False,
+            "work_dir": str(work / "data"),
+            "datasets": {"sample": {"questions": str(sample / "questions.jsonl"),
+                                    "corpus": str(sample / "corpus.jsonl")}},
+            "grids": [{"methods": ["no_iteration"], "k": [4, 7, 10], "branching": [2, 3, 4], "reader": False}],
+            "ablation": None, "pool": {"min_actors": 1, "max_actors": max_actors, "cpus_per_actor": 1}}
+    path = work / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def sweep_part(work: Path, max_actors: int = 4) -> dict:
+    """``jobs/sweep.py`` from a driver joined to the cluster (two worker nodes of 2 CPUs: room for
+    4 one-CPU actors); every 2 s the pool's live actors per node and the points written."""
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / "out"
+    samples = []
+    with LocalCluster(workers=2, worker_cpus=2) as cluster:
+        argv = [sys.executable, str(ROOT / "jobs" / "sweep.py"), "--spec", str(sweep_spec(work, max_actors)),
+                "--out", str(out), "--no-report"]
+        t0 = time.monotonic()
+        with (work / "sweep.log").open("w") as f:
+            proc = subprocess.Popen(argv, env=cluster.env, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+            while proc.poll() is None and time.monotonic() - t0 < 1200:
+                try:
+                    actors = cluster.actors_by_node(POINT_WORKER)
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError):
+                    actors = None  # a slow `ray list`: no sample this time
+                done = len(list((out / "points").rglob("*.json"))) if (out / "points").exists() else 0
+                if actors is not None:
+                    samples.append({"t": time.monotonic() - t0, "actors": actors, "points": done})
+                time.sleep(2)
+            if proc.poll() is None:
+                proc.kill()
+        rc = proc.wait()
+    if rc != 0:
+        raise RuntimeError(f"the sweep failed ({rc}):\n{(work / 'sweep.log').read_text()[-3000:]}")
+    return {"points": len(list((out / "points").rglob("*.json"))), "wall_s": time.monotonic() - t0,
+            "max_actors": max_actors, "samples": samples}
+
+
+def sweep_table(r: dict) -> list[str]:
+    peak = max((sum(s["actors"].values()) for s in r["samples"]), default=0)
+    nodes = sorted({n for s in r["samples"] for n in s["actors"]})
+    first = next((s["t"] for s in r["samples"] if sum(s["actors"].values()) == peak), None)
+    return ["### The sweep's autoscaling actor pool (`canopy sweep`, pool 1..{} one-CPU actors)".format(r["max_actors"]),
+            "", f"{r['points']} points (a reader-free k x B grid on the bundled sample) in {r['wall_s']:.0f} s. "
+            f"The pool grew from 1 to {peak} actors ({_s(first, '{:.0f}')} s after the start), on the nodes "
+            f"{', '.join(nodes)}, while points were queued, and was released when the last point was written "
+            "(Ray Data's actor-pool autoscaler, its upscaling threshold set to 100% utilisation by "
+            "`canopy_ray/eval/sweep.py`: grow while every actor is busy and points remain). Actors were "
+            "counted with `ray list actors` every 2 s or as fast as it answered.", ""]
+
+
+def plot_sweep(r: dict, path: Path) -> Path:
+    from canopy_ray.plots import pyplot, save
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    t = [s["t"] for s in r["samples"]]
+    ax.step(t, [sum(s["actors"].values()) for s in r["samples"]], where="post", label="live actors")
+    ax.set_xlabel("seconds since the sweep started")
+    ax.set_ylabel("actors")
+    ax2 = ax.twinx()
+    ax2.plot(t, [s["points"] for s in r["samples"]], color="#55a868", label="points written")
+    ax2.set_ylabel("points written")
+    ax.legend(loc="upper left", fontsize=8)
+    ax2.legend(loc="lower right", fontsize=8)
+    ax.set_title("canopy sweep: the autoscaling actor pool over two worker nodes", fontsize=10)
+    return save(fig, path, 120)
+
+
 # ---------------------------------------------------------------- Ray Train over nodes
 
 TRAIN_WORKER = "RayTrainWorker"  # the class name of Ray Train's worker actors
@@ -752,7 +838,8 @@ def report(results: dict, preface: str, out: Path) -> str:
     parts = (("index", index_table, plot_index, "index job node loss"),
              ("serve", serve_table, plot_serve, "serve node loss timeline"),
              ("train", train_table, plot_train, "1 vs 2 Train workers, a node lost"),
-             ("autoscale", autoscale_table, plot_autoscale, "autoscaling ramp"))
+             ("autoscale", autoscale_table, plot_autoscale, "autoscaling ramp"),
+             ("sweep", sweep_table, plot_sweep, "the sweep's actor pool over time"))
     for part, table, plot, alt in parts:
         if part in results:
             png = plot(results[part], out.with_name(f"cluster_{part}.png"))
@@ -771,7 +858,8 @@ def main(argv=None) -> int:
     import tempfile
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parts", default="index,serve,autoscale,train", help="index, serve, autoscale, train (comma list)")
+    p.add_argument("--parts", default="index,serve,autoscale,train,sweep",
+                   help="index, serve, autoscale, train, sweep (comma list)")
     p.add_argument("--items", type=int, default=600, help="text items of the index part")
     p.add_argument("--out", default=None, help="write the report here (markdown; its PNGs and a JSON of the raw "
                                                "results beside it; parts not run now are kept from that JSON)")
@@ -792,6 +880,8 @@ def main(argv=None) -> int:
                 results["train"] = train_part(Path(tmp) / "train") | {"measured_by": stamp}
             elif part == "autoscale":
                 results["autoscale"] = autoscale_part(Path(tmp) / "autoscale") | {"measured_by": stamp}
+            elif part == "sweep":
+                results["sweep"] = sweep_part(Path(tmp) / "sweep") | {"measured_by": stamp}
             print(part, json.dumps({k: v for k, v in results[part].items() if k != "timeline"}, default=str),
                   flush=True)
             if raw:  # kept at once: the report can be drawn again from it
