@@ -198,19 +198,23 @@ def plot_quality_vs_tokens(runs: list[dict], path: Path) -> Path | None:
     groups = _groups(runs, "grid")
     if not groups:
         return None
-    fig, axes = plt.subplots(2, len(groups), figsize=(4.2 * len(groups), 6.4), squeeze=False)
-    for col, ((dataset, _, n, reader), group) in enumerate(groups.items()):
+    metrics = [("f1", "F1")] if any(reader for *_, reader in groups) else []  # no F1 row when no run read
+    metrics.append(("answer_recall", "answer recall (body)"))
+    fig, axes = plt.subplots(len(metrics), len(groups), figsize=(4.2 * len(groups), 3.2 * len(metrics)),
+                             squeeze=False)
+    for col, ((dataset, label, n, reader), group) in enumerate(groups.items()):
         b0 = min(r["spec"]["branching"] for r in group)
         by_method = defaultdict(list)
         for r in group:
             if r["spec"]["branching"] == b0:
                 by_method[r["spec"]["method"]].append(r)
-        for row, (metric, label) in enumerate((("f1", "F1"), ("answer_recall", "answer recall (body)"))):
+        title = f"{dataset}, {label}\n(B={b0}, n={n}{'' if reader else ', no reader'})"
+        for row, (metric, ylabel) in enumerate(metrics):
             ax = axes[row][col]
             if metric == "f1" and not reader:
                 ax.text(0.5, 0.5, "reader skipped:\nno EM/F1", ha="center", va="center", transform=ax.transAxes)
                 ax.set_axis_off()
-                ax.set_title(f"{dataset} (B={b0}, n={n}, no reader)", fontsize=9)
+                ax.set_title(title, fontsize=9)
                 continue
             for method, rs in sorted(by_method.items(), key=lambda kv: _order(kv[0])):
                 rs = sorted(rs, key=lambda r: r["spec"]["k"])
@@ -220,10 +224,10 @@ def plot_quality_vs_tokens(runs: list[dict], path: Path) -> Path | None:
                     ax.annotate(f"k={r['spec']['k']}", (x, y), textcoords="offset points", xytext=(4, 4),
                                 fontsize=7)
             ax.set_xlabel("reader evidence tokens")
-            ax.set_ylabel(label)
-            ax.set_title(f"{dataset} (B={b0}, n={n}{'' if reader else ', no reader'})", fontsize=9)
+            ax.set_ylabel(ylabel)
+            ax.set_title(title, fontsize=9)
             ax.grid(alpha=0.3)
-            if row == 1:
+            if row == len(metrics) - 1:
                 ax.legend(fontsize=7)
     return save(fig, path, 72)
 
