@@ -7,6 +7,12 @@ its own (``unshare``): there it sees only this head, never the suite's ``ray.ini
 "local")`` nor anyone else's Ray, and the namespace ends every process left when the script
 exits, whatever happens. Only what keeps this head apart is added to the commands: a private
 temp dir, free ports on 127.0.0.1, and the addresses of those ports for the clients.
+
+Ctrl-C is ``kill -INT`` to ``serve run``, with SIGINT as a terminal has it: a process started with
+SIGINT ignored (a background job of a non-interactive shell, ``nohup cmd &``) passes the ignore
+down to every child, and bash cannot undo an ignore it inherited (neither ``set -m`` nor
+``trap``), so ``serve run`` would never see the signal and run until killed. The sequence starts
+with SIGINT at its default, however pytest itself was started.
 """
 
 import importlib.util
@@ -38,6 +44,12 @@ DOCUMENTED = [
     "serve run configs/serve.yaml",
     "ray stop",
 ]
+
+
+# exec the sequence with SIGINT at its default (an ignored SIGINT survives exec, and bash keeps it)
+DEFAULT_SIGINT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                  "os.execvp(sys.argv[1], sys.argv[1:])"]
+STOP_S = 120  # serve run after Ctrl-C: serve.shutdown() waits up to 30 s for the controller, then it exits
 
 
 pytestmark = [
@@ -115,7 +127,11 @@ def test_cluster_commands_as_documented():
             '> "$OUT/serve.log" 2>&1 &',
             "serve_pid=$!",
             f'python "$OUT/wait_for_app.py" > "$OUT/app.json" || {{ tail -40 "$OUT/serve.log" >&2; exit 1; }}',
-            'kill -INT "$serve_pid"; wait "$serve_pid" || true',
+            'kill -INT "$serve_pid"',
+            f'for _ in $(seq {STOP_S}); do kill -0 "$serve_pid" 2>/dev/null || break; sleep 1; done',
+            f'if kill -0 "$serve_pid" 2>/dev/null; then echo "serve run did not stop within {STOP_S} s of SIGINT:"; '
+            'grep -E "^Sig(Ign|Cgt)" "/proc/$serve_pid/status"; exit 1; fi',
+            'wait "$serve_pid" || true',
             DOCUMENTED[5],
             "trap - EXIT",
             "echo SEQUENCE-DONE",
@@ -125,7 +141,7 @@ def test_cluster_commands_as_documented():
                 "CORPUS": str(CORPUS)}
         log = work / "sequence.log"
         # --kill-child: if this test dies or times out, the namespace and every process in it go too
-        cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", script]
+        cmd = DEFAULT_SIGINT + ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", script]
         with log.open("w") as f:
             try:
                 rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=360).returncode
@@ -139,5 +155,7 @@ def test_cluster_commands_as_documented():
         app = json.loads((work / "app.json").read_text())
         assert app["healthz"]["status"] == "ok" and app["healthz"]["index"] is True and app["index_info"]
         assert "Stopped all" in out or "stopped" in out.lower()
+        # it stopped because of the Ctrl-C: serve run's KeyboardInterrupt path shut Serve down
+        assert "Got KeyboardInterrupt, shutting down" in (work / "serve.log").read_text(errors="replace")
     finally:
         shutil.rmtree(work, ignore_errors=True)
