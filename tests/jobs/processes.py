@@ -36,15 +36,24 @@ def shell_text(path: Path) -> str:
     return re.sub(r"[ \t]+", " ", path.read_text().replace("\\\n", " "))
 
 
+# exec a command with SIGINT at its default (an ignored SIGINT survives exec, and bash keeps it)
+DEFAULT_SIGINT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                  "os.execvp(sys.argv[1], sys.argv[1:])"]
+
+
 def run_in_own_pids(script: list[str], work: Path, timeout: float, **env: str) -> tuple[int | str, str]:
     """``script`` (bash lines) in a PID namespace of its own, where ``ray stop`` sees only the
     Ray it started; ``--kill-child`` ends every process in it when the script ends or this test
-    dies. No ``RAY_`` variable of the suite's leaks in; ``OUT`` is ``work``. The exit status (or
+    dies. No ``RAY_`` variable of the suite's leaks in; ``OUT`` is ``work``; SIGINT is at its
+    default, as a terminal has it, however the suite was started (a process started with SIGINT
+    ignored, e.g. ``nohup cmd &`` from a script, passes the ignore to every child, and bash cannot
+    undo an inherited ignore, so a Ctrl-C sent by the script would be lost). The exit status (or
     ``"timeout"``) and the output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | env
     env |= {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "OUT": str(work)}
     log = work / "sequence.log"
-    cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", "\n".join(script)]
+    cmd = DEFAULT_SIGINT + ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c",
+                            "\n".join(script)]
     with log.open("w") as f:
         try:
             rc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], env=env, stdout=f,

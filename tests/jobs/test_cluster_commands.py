@@ -7,6 +7,12 @@ its own (``unshare``): there it sees only this head, never the suite's ``ray.ini
 "local")`` nor anyone else's Ray, and the namespace ends every process left when the script
 exits, whatever happens. Only what keeps this head apart is added to the commands: a private
 temp dir, free ports on 127.0.0.1, and the addresses of those ports for the clients.
+
+Ctrl-C is ``kill -INT`` to ``serve run``, with SIGINT as a terminal has it: a process started with
+SIGINT ignored (a background job of a non-interactive shell, ``nohup cmd &``) passes the ignore
+down to every child, and bash cannot undo an ignore it inherited (neither ``set -m`` nor
+``trap``), so ``serve run`` would never see the signal and run until killed. The sequence starts
+with SIGINT at its default, however pytest itself was started.
 """
 
 import importlib.util
@@ -38,6 +44,9 @@ DOCUMENTED = [
     "serve run configs/serve.yaml",
     "ray stop",
 ]
+
+
+STOP_S = 120  # serve run after Ctrl-C: serve.shutdown() waits up to 30 s for the controller, then it exits
 
 
 pytestmark = [
@@ -98,7 +107,11 @@ def test_cluster_commands_as_documented():
             '> "$OUT/serve.log" 2>&1 &',
             "serve_pid=$!",
             f'python "$OUT/wait_for_app.py" > "$OUT/app.json" || {{ tail -40 "$OUT/serve.log" >&2; exit 1; }}',
-            'kill -INT "$serve_pid"; wait "$serve_pid" || true',
+            'kill -INT "$serve_pid"',
+            f'for _ in $(seq {STOP_S}); do kill -0 "$serve_pid" 2>/dev/null || break; sleep 1; done',
+            f'if kill -0 "$serve_pid" 2>/dev/null; then echo "serve run did not stop within {STOP_S} s of SIGINT:"; '
+            'grep -E "^Sig(Ign|Cgt)" "/proc/$serve_pid/status"; exit 1; fi',
+            'wait "$serve_pid" || true',
             DOCUMENTED[5],
             "trap - EXIT",
             "echo SEQUENCE-DONE",
@@ -111,5 +124,7 @@ def test_cluster_commands_as_documented():
         app = json.loads((work / "app.json").read_text())
         assert app["healthz"]["status"] == "ok" and app["healthz"]["index"] is True and app["index_info"]
         assert "Stopped all" in out or "stopped" in out.lower()
+        # it stopped because of the Ctrl-C: serve run's KeyboardInterrupt path shut Serve down
+        assert "Got KeyboardInterrupt, shutting down" in (work / "serve.log").read_text(errors="replace")
     finally:
         shutil.rmtree(work, ignore_errors=True)
