@@ -119,7 +119,10 @@ def ray_data(llm, calls: list[dict], batch_size: int) -> tuple[list[str], float]
         placement_group_config=served.get("placement_group_config"),  # CPU: no GPU asked for
         batch_size=batch_size, concurrency=1, log_engine_metrics=False,
         chat_template_stage=small, tokenize_stage=small, detokenize_stage=small)
-    processor = build_processor(config, preprocess=_to_engine, postprocess=_from_engine)
+    # the pre/post-processing tasks ask 1 CPU each by default: beside the engine's CPU on 2 cores
+    # they would never be scheduled
+    processor = build_processor(config, preprocess=_to_engine, postprocess=_from_engine,
+                                preprocess_map_kwargs=small, postprocess_map_kwargs=small)
     rows = [{"i": i, "messages": c["messages"], "max_tokens": c["max_tokens"],
              "schema": json.dumps(c["response_format"]["json_schema"]["schema"])} for i, c in enumerate(calls)]
     out = sorted(processor(ray.data.from_items(rows)).take_all(), key=lambda r: r["i"])
