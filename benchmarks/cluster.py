@@ -534,21 +534,14 @@ def train_on_cluster(cluster: LocalCluster, log: Path, timeout: float = 600, **k
     return training_result(start_training(cluster, log, **kw), log, timeout)
 
 
-def registered_step(run_dir: Path) -> int | None:
-    """The step of the newest checkpoint Ray Train has registered for a run (None: none yet)."""
-    try:
-        latest = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())["latest_checkpoint_result"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return latest["metrics"]["step"] if latest else None
-
-
 def train_with_node_loss(cluster: LocalCluster, log: Path, *, storage: Path, name: str, after_step: int,
                          timeout: float = 900, **kw) -> dict:
     """A training run whose worker node holding a Ray Train worker is SIGKILLed once a checkpoint
     of step >= ``after_step`` is registered; Ray Train (``training.max_failures``) restarts the
     workers on the nodes left, from that checkpoint. Its TrainResult with the step it resumed
     from (as registered at the kill) and the node lost."""
+    from canopy_ray.trainer import registered_step
+
     proc = start_training(cluster, log, storage=storage, name=name, **kw)
     run_dir = storage / name
     deadline = time.monotonic() + timeout

@@ -109,6 +109,16 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
 RAY_RECORD = "checkpoint_manager_snapshot.json"  # Ray Train's list of a run's checkpoints
 
 
+def registered_step(run_dir: Path) -> int | None:
+    """The step of the newest checkpoint Ray Train has registered for a run (None: none yet, or
+    its record unreadable)."""
+    try:
+        latest = json.loads((Path(run_dir) / RAY_RECORD).read_text())["latest_checkpoint_result"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return latest["metrics"]["step"] if latest else None
+
+
 def _resume_fallback(run_dir: Path) -> str | None:
     """A checkpoint to resume from when Ray Train's record of the run names none: the newest
     one whose files all load. Ray rewrites that record in place, so a kill during the write

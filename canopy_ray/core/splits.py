@@ -38,20 +38,17 @@ def split_of_key(key: str, shares: Sequence[float] = SPLIT_SHARES) -> str:
     return "validation" if h < shares[0] + shares[1] else "test"
 
 
-def _candidate_set(question: Question) -> frozenset[str]:
-    return frozenset(question.candidates)
-
-
 def borrowed_candidates(questions: Sequence[Question]) -> set[tuple[str, str]]:
     """``(question id, item id)`` of candidates that are another question's gold item under
     other candidates: distractors drawn from the rest of the set (NQ's), not the question's
     own context (HotpotQA's paragraphs, TAT-QA's report)."""
+    contexts = [frozenset(q.candidates) for q in questions]
     gold_in: dict[str, set[frozenset[str]]] = {}
-    for q in questions:
+    for q, context in zip(questions, contexts):
         for g in q.gold:
-            gold_in.setdefault(g.item_id, set()).add(_candidate_set(q))
-    return {(q.id, c) for q in questions for c in q.candidates
-            if any(cs != _candidate_set(q) for cs in gold_in.get(c, ()))}
+            gold_in.setdefault(g.item_id, set()).add(context)
+    return {(q.id, c) for q, context in zip(questions, contexts) for c in q.candidates
+            if any(cs != context for cs in gold_in.get(c, ()))}
 
 
 def documents(question: Question, borrowed: set[tuple[str, str]] = frozenset()) -> list[str]:

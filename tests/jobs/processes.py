@@ -41,26 +41,31 @@ DEFAULT_SIGINT = [sys.executable, "-c", "import os, signal, sys; signal.signal(s
                   "os.execvp(sys.argv[1], sys.argv[1:])"]
 
 
-def run_in_own_pids(script: list[str], work: Path, timeout: float, **env: str) -> tuple[int | str, str]:
-    """``script`` (bash lines) in a PID namespace of its own, where ``ray stop`` sees only the
-    Ray it started; ``--kill-child`` ends every process in it when the script ends or this test
-    dies. No ``RAY_`` variable of the suite's leaks in; ``OUT`` is ``work``; SIGINT is at its
-    default, as a terminal has it, however the suite was started (a process started with SIGINT
-    ignored, e.g. ``nohup cmd &`` from a script, passes the ignore to every child, and bash cannot
-    undo an inherited ignore, so a Ctrl-C sent by the script would be lost). The exit status (or
-    ``"timeout"``) and the output."""
+def run_in_own_pids(script: list[str], work: Path, timeout: float, **env: str) -> str:
+    """``script`` (bash lines, ``set -euo pipefail``, ``ray stop --force`` on any exit) in a PID
+    namespace of its own, where ``ray stop`` sees only the Ray it started; ``--kill-child`` ends
+    every process in it when the script ends or this test dies. No ``RAY_`` variable of the
+    suite's leaks in; ``OUT`` is ``work``; SIGINT is at its default, as a terminal has it, however
+    the suite was started (a process started with SIGINT ignored, e.g. ``nohup cmd &`` from a
+    script, passes the ignore to every child, and bash cannot undo an inherited ignore, so a
+    Ctrl-C sent by the script would be lost). The output; the test fails unless every line ran
+    and the script exited 0."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | env
     env |= {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "OUT": str(work)}
     log = work / "sequence.log"
     cmd = DEFAULT_SIGINT + ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c",
-                            "\n".join(script)]
+                            "\n".join(["set -euo pipefail",
+                                       'trap \'ray stop --force > "$OUT/stop-trap.log" 2>&1 || true\' EXIT',
+                                       *script, "trap - EXIT", "echo SEQUENCE-DONE"])]
     with log.open("w") as f:
         try:
             rc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], env=env, stdout=f,
                                 stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    return rc, log.read_text(errors="replace")
+    out = log.read_text(errors="replace")
+    assert rc == 0 and "SEQUENCE-DONE" in out, f"rc={rc}\n{out[-5000:]}"
+    return out
 
 
 class KillableJob:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
+from canopy_ray.trainer import RAY_RECORD, registered_step
 from tests.jobs.processes import KillableJob
 from tests.train.conftest import TINY_ITEMS, tiny_items, tiny_questions
 
@@ -20,16 +21,6 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_STEPS, EVERY = 20, 2
-SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the registered checkpoints
-
-
-def registered_step(run_dir: Path) -> int | None:
-    """The step of the newest checkpoint Ray Train has registered (None: none yet)."""
-    try:
-        latest = json.loads((run_dir / SNAPSHOT).read_text())["latest_checkpoint_result"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return latest["metrics"]["step"] if latest else None
 
 
 @pytest.fixture()
@@ -74,7 +65,7 @@ def test_training_killed_resumes_from_its_last_checkpoint(setup, tmp_path):
     # the checkpoint's (a run restarted with the weights alone would count MAX_STEPS - resume_at).
     import torch
 
-    final = run_dir / json.loads((run_dir / SNAPSHOT).read_text())["latest_checkpoint_result"][
+    final = run_dir / json.loads((run_dir / RAY_RECORD).read_text())["latest_checkpoint_result"][
         "checkpoint_dir_name"]
     state = torch.load(final / "optimizer.pt", weights_only=True)["state"]
     assert {int(s["step"]) for s in state.values()} == {MAX_STEPS}
