@@ -33,8 +33,11 @@ ASK = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 @pytest.fixture(scope="module")
 def vcfg(cfg):
-    """The package's index and request limits, with vllm-cpu.yaml's LLM section."""
-    return cfg.override(llm=load_config(ROOT / "configs" / "vllm-cpu.yaml").llm.model_dump())
+    """The package's index and request limits, with vllm-cpu.yaml's LLM section. Its seven
+    replicas ask 0.05 CPU each, so they fit beside the package's application (1.5 of the
+    session's 2 CPUs) when that one runs."""
+    return cfg.override(llm=load_config(ROOT / "configs" / "vllm-cpu.yaml").llm.model_dump(),
+                        serve={"replica_cpus": 0.05})
 
 
 @pytest.fixture(scope="module")
