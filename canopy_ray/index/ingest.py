@@ -1,7 +1,8 @@
 """The per-item work of the indexing job, independent of Ray: split, validate, embed.
 
 ``split_corpus`` cuts the corpus (JSONL, JSONL.gz or parquet; a file or a directory of them)
-into numbered input shards of ``shard_items`` non-blank lines: the unit of resume.
+into numbered input shards of ``shard_items`` non-blank lines, each named by a hash of its
+lines: the unit of resume, and of reuse when the corpus grows.
 ``validate_batch`` parses each raw line into a canonical item (bad JSON, empty text, ragged
 tables...) and checks that its media can be read (video with decord, images with PIL);
 a bad row keeps its ``reason`` and travels on, so every input line is accounted for.
@@ -60,16 +61,20 @@ def iter_raw(files: list[Path]) -> Iterator[tuple[str, int, str]]:
                     yield f.name, n, line.rstrip("\n")
 
 
-def split_corpus(files: list[Path], inputs_dir: Path, shard_items: int) -> list[int]:
-    """Write ``inputs_dir/shard-NNNNN.parquet`` (shard, row, file, line, raw); return rows per shard.
+def split_corpus(files: list[Path], inputs_dir: Path, shard_items: int) -> tuple[list[int], list[str]]:
+    """Write ``inputs_dir/shard-NNNNN.parquet`` (shard, row, file, line, raw); return rows per
+    shard and each shard's key, a hash of its rows' file names, line numbers and text.
 
     ``row`` numbers the non-blank lines of the whole corpus (the order duplicates resolve in);
     ``file`` and ``line`` say where a skipped item is."""
+    import hashlib
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     inputs_dir.mkdir(parents=True, exist_ok=True)
     counts: list[int] = []
+    keys: list[str] = []
     buf: list[tuple[str, int, str]] = []
 
     def flush():
@@ -83,7 +88,11 @@ def split_corpus(files: list[Path], inputs_dir: Path, shard_items: int) -> list[
         path = inputs_dir / f"shard-{k:05d}.parquet"
         with atomic_path(path) as tmp:
             pq.write_table(table, tmp)
+        h = hashlib.sha256()
+        for name, line, raw in buf:
+            h.update(f"{name}\0{line}\0{raw}\n".encode())
         counts.append(len(buf))
+        keys.append(h.hexdigest()[:32])
         buf.clear()
 
     for raw in iter_raw(files):
@@ -92,7 +101,7 @@ def split_corpus(files: list[Path], inputs_dir: Path, shard_items: int) -> list[
             flush()
     if buf or not counts:
         flush()
-    return counts
+    return counts, keys
 
 
 def check_media(item, media_root: Path | None) -> dict:

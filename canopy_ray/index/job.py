@@ -3,13 +3,15 @@
 Steps (everything under ``OUT/work`` is resumable state):
 
 1. **Plan.** The corpus is cut into input shards of ``index.shard_items`` lines
-   (``work/inputs/shard-NNNNN.parquet``); ``work/plan.json`` records the corpus checksum and
-   every setting the embeddings depend on. Rerunning with a changed corpus or settings is
-   refused (``overwrite=True`` starts over).
+   (``work/inputs/shard-NNNNN.parquet``), each keyed by a hash of its lines;
+   ``work/plan.json`` records the corpus checksum, the keys and every setting the embeddings
+   depend on. Rerunning with changed settings is refused (``overwrite=True`` starts over);
+   rerunning with a changed corpus updates the index: the shards whose lines did not change
+   (all of them before the first changed line) keep their parts.
 2. **Embed.** Ray Data hands slices of the pending input shards to a callable-class actor
    pool (``ActorPoolStrategy(size=index.actors)``, each actor ``index.cpus_per_actor`` CPUs
    and ``index.num_gpus`` GPUs) that reads, validates and embeds them. The driver collects the
-   rows of each input shard and writes ``work/parts/part-NNNNN.parquet`` atomically once
+   rows of each input shard and writes ``work/parts/part-<key>.parquet`` atomically once
    the shard is complete. Killed at any point, a rerun skips the shards whose part exists.
    An actor that dies (SIGKILL, OOM) is restarted by Ray Data and its slice retried (its
    actor pools default to ``max_restarts=-1``, ``max_task_retries=-1``), so the run goes on.
@@ -18,6 +20,7 @@ Steps (everything under ``OUT/work`` is resumable state):
    table and the node store; the manifest is written last
    (:mod:`canopy_ray.index.manifest`); ``summary.json`` says what the run did. Every run
    builds again from the parts, so rerunning the job repairs a damaged index in seconds.
+   Parts of shards no longer in the corpus are removed after the build.
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ def _settings(cfg: CanopyConfig, media_root: Path) -> dict:
             "media_root": str(media_root)}
 
 
-def _part(out: Path, k: int) -> Path:
-    return out / WORK / PARTS / f"part-{k:05d}.parquet"
+def _part(out: Path, key: str) -> Path:
+    return out / WORK / PARTS / f"part-{key}.parquet"
 
 
 def _plan(cfg: CanopyConfig, corpus: Path, out: Path, media_root: Path, overwrite: bool) -> dict:
@@ -72,18 +75,26 @@ def _plan(cfg: CanopyConfig, corpus: Path, out: Path, media_root: Path, overwrit
     want = {"corpus": [str(f.resolve()) for f in files], "fingerprint": sha256_files(files, with_names=True),
             "settings": _settings(cfg, media_root)}
     plan = _read_plan(plan_path)
-    if plan is not None:
-        if all(plan.get(k) == want[k] for k in ("fingerprint", "settings")):
+    update = plan is not None and plan.get("settings") == want["settings"]
+    if update:
+        if plan.get("fingerprint") == want["fingerprint"]:
             return plan
-        if not overwrite:
+        # the corpus changed: parts of unchanged shards stay, the rest is planned anew
+        shutil.rmtree(work / INPUTS, ignore_errors=True)
+    else:
+        if plan is not None and not overwrite:
             raise IndexJobError(
-                f"{out} holds an unfinished or finished index of another corpus or other settings "
+                f"{out} holds an unfinished or finished index built with other settings "
                 f"(see {plan_path}); use a new output directory or overwrite=True (--overwrite)")
-    if work.exists():
-        shutil.rmtree(work)
-    manifest.clear(out)
-    work.mkdir(parents=True)
-    plan = want | {"shard_rows": split_corpus(files, work / INPUTS, cfg.index.shard_items)}
+        if work.exists():
+            shutil.rmtree(work)
+        manifest.clear(out)
+        work.mkdir(parents=True)
+    rows, keys = split_corpus(files, work / INPUTS, cfg.index.shard_items)
+    plan = want | {"shard_rows": rows, "shard_keys": keys}
+    if update:
+        log.info("the corpus changed: %d of %d input shards are unchanged and kept",
+                 sum(_part(out, key).exists() for key in keys), len(keys))
     write_json(plan_path, plan)
     return plan
 
@@ -95,11 +106,11 @@ def _read_plan(path: Path) -> dict | None:
         return None
     try:
         plan = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(plan, dict) and isinstance(plan.get("shard_rows"), list):
+        if isinstance(plan, dict) and all(isinstance(plan.get(k), list) for k in ("shard_rows", "shard_keys")):
             return plan
     except (UnicodeDecodeError, json.JSONDecodeError):
         pass
-    log.warning("%s is damaged: starting the index job over", path)
+    log.warning("%s is damaged or from an earlier version: starting the index job over", path)
     return None
 
 
@@ -167,12 +178,12 @@ def _embed_pending(cfg: CanopyConfig, plan: dict, out: Path, media_root: Path, p
                 raise IndexJobError(f"input shard {k}: {seen[k]} rows, expected {expected[k]}")
             if seen[k] < expected[k]:
                 continue
-            _write_part(held.pop(k), _part(out, k))
+            _write_part(held.pop(k), _part(out, plan["shard_keys"][k]))
             written += 1
             rows_done += seen[k]
             log.info("input shard %d done (%d/%d this run; %.1f items/s)", k, written, len(pending),
                      rows_done / max(time.perf_counter() - t0, 1e-9))
-    missing = [k for k in pending if not _part(out, k).exists()]
+    missing = [k for k in pending if not _part(out, plan["shard_keys"][k]).exists()]
     if missing:
         raise IndexJobError(f"input shards {missing} did not complete")
     return rows_done
@@ -264,7 +275,7 @@ def _train_sample(parts: list[Path], sel: _Selection, nlist: int | None) -> np.n
 
 def _build(cfg: CanopyConfig, plan: dict, out: Path) -> dict:
     """Parts -> report, item table, FAISS shards, node store, manifest."""
-    parts = [_part(out, k) for k in range(len(plan["shard_rows"]))]
+    parts = [_part(out, key) for key in plan["shard_keys"]]
     sel = _select(parts)
     counts = Counter(s["reason"] for s in sel.skipped)
     write_jsonl(out / "skipped.jsonl", sel.skipped)
@@ -320,7 +331,7 @@ def run_index(cfg: CanopyConfig, corpus_path: str | Path, out_dir: str | Path, *
     if not sum(plan["shard_rows"]):
         raise IndexJobError(f"corpus {corpus} has no non-blank lines")
     (out / WORK / PARTS).mkdir(exist_ok=True)
-    pending = [k for k in range(n_shards) if not _part(out, k).exists()]
+    pending = [k for k, key in enumerate(plan["shard_keys"]) if not _part(out, key).exists()]
     log.info("%d input shards, %d already done, %d to compute", n_shards, n_shards - len(pending), len(pending))
     t_embed = time.perf_counter()
     rows_done = 0
@@ -329,7 +340,11 @@ def run_index(cfg: CanopyConfig, corpus_path: str | Path, out_dir: str | Path, *
             cfg, plan, out, media_root, pending, progress))
     embed_s = time.perf_counter() - t_embed
     built = _build(cfg, plan, out)
-    summary = built | _throughput(out, pending, rows_done, embed_s) | {
+    keys = set(plan["shard_keys"])
+    for path in (out / WORK / PARTS).glob("part-*.parquet"):  # shards an update left behind
+        if path.stem.removeprefix("part-") not in keys:
+            path.unlink()
+    summary = built | _throughput([_part(out, plan["shard_keys"][k]) for k in pending], rows_done, embed_s) | {
         "input_lines": int(sum(plan["shard_rows"])), "input_shards": n_shards,
         "shards_resumed": n_shards - len(pending), "shards_computed": len(pending),
         "seconds": round(time.perf_counter() - t_start, 3), "out_dir": str(out)}
@@ -337,12 +352,12 @@ def run_index(cfg: CanopyConfig, corpus_path: str | Path, out_dir: str | Path, *
     return summary
 
 
-def _throughput(out: Path, pending: list[int], rows_done: int, embed_s: float) -> dict:
+def _throughput(written: list[Path], rows_done: int, embed_s: float) -> dict:
     """Items and nodes embedded in this run (from the parts just written) per second."""
     import pyarrow.parquet as pq
 
-    nodes_done = sum(int(np.sum(pq.read_table(_part(out, k), columns=["n_nodes"]).column("n_nodes").to_numpy()))
-                     for k in pending)
+    nodes_done = sum(int(np.sum(pq.read_table(path, columns=["n_nodes"]).column("n_nodes").to_numpy()))
+                     for path in written)
     return {"rows_computed": rows_done, "nodes_computed": nodes_done, "embed_seconds": round(embed_s, 3),
             "items_per_s": round(rows_done / embed_s, 2) if rows_done else 0.0,
             "nodes_per_s": round(nodes_done / embed_s, 2) if nodes_done else 0.0}

@@ -126,7 +126,9 @@ def test_adapter_that_does_not_match_the_manifest(built_index):
 
 def test_damaged_plan_starts_the_job_over(tmp_path):
     plan = tmp_path / "plan.json"
-    plan.write_text('{"corpus": ["a.jsonl"], "shard_rows": [4, 4')
+    plan.write_text('{"corpus": ["a.jsonl"], "shard_rows": [4, 4], "shard_keys": ["a", "b"')
     assert _read_plan(plan) is None and _read_plan(tmp_path / "none.json") is None
-    plan.write_text('{"corpus": ["a.jsonl"], "shard_rows": [4, 4]}')
+    plan.write_text('{"corpus": ["a.jsonl"], "shard_rows": [4, 4]}')  # an earlier version's: parts unnamed
+    assert _read_plan(plan) is None
+    plan.write_text('{"corpus": ["a.jsonl"], "shard_rows": [4, 4], "shard_keys": ["a", "b"]}')
     assert _read_plan(plan)["shard_rows"] == [4, 4]

@@ -75,6 +75,38 @@ def test_rerun_of_a_finished_index_recomputes_nothing(full_run):
     assert summary["shards_computed"] == 0 and summary["shards_resumed"] == 5 and summary["items"] == 13
 
 
+def test_a_grown_corpus_embeds_only_its_changed_shards(full_run, minilm, tmp_path):
+    """The corpus file first holds its first 10 lines (input shards of 4, 4, 2), then all of
+    them: the two whole shards are kept, the rest embedded, the 2-line shard's part dropped,
+    and the index equals one built from the whole corpus at once."""
+    ref_out, ref = full_run
+    corpus = tmp_path / "corpus.jsonl"
+    lines = CORPUS.read_text().splitlines(keepends=True)
+    corpus.write_text("".join(lines[:10]))
+    out = tmp_path / "index"
+    first = run_index(config(), corpus, out, media_root=CORPUS.parent, progress=False)
+    assert first["items"] == 10 and first["shards_computed"] == 3
+    old_parts = sorted((out / "work" / "parts").glob("part-*.parquet"))
+    corpus.write_text("".join(lines))
+    grown = run_index(config(), corpus, out, media_root=CORPUS.parent, progress=False)
+    assert grown["shards_resumed"] == 2 and grown["shards_computed"] == 3 and grown["rows_computed"] == 11
+    parts = sorted((out / "work" / "parts").glob("part-*.parquet"))
+    assert len(parts) == 5 and len(set(old_parts) & set(parts)) == 2
+    assert {k: grown[k] for k in ("items", "nodes", "skipped_by_reason")} == \
+        {k: ref[k] for k in ("items", "nodes", "skipped_by_reason")}
+    got, want = load_index(out), load_index(ref_out)
+    assert got.ids == want.ids
+    for item_id in want.ids:  # node vectors by span
+        mine, theirs = got.nodes.lookup(item_id), want.nodes.lookup(item_id)
+        assert mine.keys() == theirs.keys()
+        for span, vec in theirs.items():
+            np.testing.assert_allclose(mine[span], vec, atol=1e-3)
+    q = minilm.encode_queries(["Which planet has 95 moons?"])
+    (hits,), (ref_hits,) = got.search(q, 13), want.search(q, 13)
+    assert [h[0] for h in hits] == [h[0] for h in ref_hits]
+    np.testing.assert_allclose([h[1] for h in hits], [h[1] for h in ref_hits], atol=1e-3)
+
+
 def test_changed_settings_are_refused_without_overwrite(full_run):
     out, _ = full_run
     changed = load_config(None, hierarchy={"branching": 3}, index={"shard_items": 4})

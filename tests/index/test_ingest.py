@@ -14,7 +14,8 @@ VECTORS = ("node_vecs", "item_vec")
 
 
 def test_slice_embedder_equals_validation_then_node_embedder(minilm, tmp_path):
-    assert split_corpus(corpus_files(FIXTURES / "corpus.jsonl"), tmp_path, 100) == [19]
+    rows, keys = split_corpus(corpus_files(FIXTURES / "corpus.jsonl"), tmp_path, 100)
+    assert rows == [19] and len(keys) == 1
     shard = tmp_path / "shard-00000.parquet"
     cfg = load_config(None)
     actor = SliceEmbedder(cfg.models, cfg.hierarchy, media_root=str(FIXTURES), batch_items=4, encoder=minilm)
