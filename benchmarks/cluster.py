@@ -521,8 +521,9 @@ def training_result(proc: subprocess.Popen, log: Path, timeout: float = 600) -> 
     """The TrainResult (as a dict) of a driver :func:`start_training` started."""
     try:
         rc = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException:  # timed out or interrupted: the driver goes too
         proc.kill()
+        proc.wait()
         raise
     text = log.read_text(errors="replace")
     if rc != 0:
@@ -538,24 +539,28 @@ def train_with_node_loss(cluster: LocalCluster, log: Path, *, storage: Path, nam
                          timeout: float = 900, **kw) -> dict:
     """A training run whose worker node holding a Ray Train worker is SIGKILLed once a checkpoint
     of step >= ``after_step`` is registered; Ray Train (``training.max_failures``) restarts the
-    workers on the nodes left, from that checkpoint. Its TrainResult with the step it resumed
-    from (as registered at the kill) and the node lost."""
+    workers on the nodes left, from the newest checkpoint registered. Its TrainResult with the
+    step registered just before the kill and the node lost."""
     from canopy_ray.trainer import registered_step
 
     proc = start_training(cluster, log, storage=storage, name=name, **kw)
     run_dir = storage / name
     deadline = time.monotonic() + timeout
-    while (registered_step(run_dir) or 0) < after_step:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"no checkpoint of step >= {after_step} registered:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    victim = sorted(cluster.running(f"ray::{TRAIN_WORKER}"))[0]
-    t0 = time.monotonic()
-    cluster.kill(victim)
-    at_kill = registered_step(run_dir)
+    try:  # the driver does not outlive a failure here
+        while (registered_step(run_dir) or 0) < after_step:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"no checkpoint of step >= {after_step} registered:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        victim = sorted(cluster.running(f"ray::{TRAIN_WORKER}"))[0]
+        before = registered_step(run_dir)
+        t0 = time.monotonic()
+        cluster.kill(victim)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
     res = training_result(proc, log, max(deadline - time.monotonic(), 1))
-    return res | {"lost": victim, "registered_at_kill": at_kill, "after_kill_s": time.monotonic() - t0,
+    return res | {"lost": victim, "registered_at_kill": before, "after_kill_s": time.monotonic() - t0,
                   "left": cluster.left(victim)}
 
 

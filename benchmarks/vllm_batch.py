@@ -143,7 +143,9 @@ def report(args, n_calls: int, critics: int, rows: list[dict]) -> str:
         f"`build_processor(vLLMEngineProcessorConfig(...))`, one batch of {args.batch_size or n_calls}, the same engine "
         "arguments. Engine start for Serve is `serve.run` of the whole application; for Ray Data, what the run "
         "spends besides generating (actors, engine, chat template and tokenizer stages). Times are ratios "
-        "within this run only: other work shared the two cores.",
+        "within this run only. The all-in-flight pass runs after the one-at-a-time pass on the same engine, "
+        "whose prefix cache may still hold some of the prompts: its gain is an upper bound. The Ray Data "
+        "engine starts cold.",
         "",
         "| path | engine start (s) | generation (s) | prompts/s (generation) | total (s) | prompts/s (total) | "
         "equal to one at a time |",

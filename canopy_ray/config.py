@@ -125,8 +125,9 @@ class TrainingConfig(Section):
     epochs: int = Field(2, ge=1)
     temperature: float = Field(20.0, gt=0, description="lambda of the pairwise loss")
     workers: int = Field(1, ge=1)
-    max_failures: int = Field(2, ge=-1, description="times Ray Train restarts the workers after a worker "
-                              "or node is lost, from the last checkpoint; -1 = always, 0 = never")
+    max_failures: int = Field(2, ge=-1, description="times Ray Train restarts the workers from the last "
+                              "checkpoint after a failure: a lost worker or node, or an error in the loop "
+                              "(which then fails max_failures + 1 times); -1 = always, 0 = never")
     use_gpu: bool = False
     seed: int = 0
     lora_layers: int = Field(2, ge=0, description="LoRA on the top N layers only (0 = all); the "

@@ -155,6 +155,8 @@ def _question_bar() -> Callable[[int, int], None]:
                 bar.close()
             bar = tqdm(total=n, unit="question", disable=None)
         bar.update(i - bar.n)
+        if i >= n:
+            bar.close()
 
     return update
 

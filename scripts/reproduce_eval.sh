@@ -33,6 +33,8 @@ done
 mkdir -p runs/eval-corpus
 cat runs/data/{hotpotqa,nq,tatqa}/corpus.jsonl > runs/eval-corpus/all.jsonl
 $C index --config "$CONFIG" --corpus runs/eval-corpus/all.jsonl --out runs/eval-index/all
+mkdir -p results/eval/open
+cp runs/eval-index/all/summary.json results/eval/open/index_summary.json  # what the open runs retrieve from
 for set in hotpotqa nq tatqa; do
     $C eval --config "$CONFIG" --questions runs/data/$set/questions.jsonl --setting open --index runs/eval-index/all \
         --dataset $set --split test --n "$OPEN_N" --no-reader --llm-cache runs/llm.sqlite --method $METHODS \

@@ -112,7 +112,7 @@ def test_cluster_commands_as_documented():
             'wait "$serve_pid" || true',
             DOCUMENTED[5],
         ]
-        out = run_in_own_pids(script, work, 360, CORPUS=str(CORPUS))
+        out = run_in_own_pids(script, work, 600, CORPUS=str(CORPUS))  # its own waits add up to 360 s and more
         assert "Job 'raysubmit_" in out and "succeeded" in out, out[-3000:]
         manifest = json.loads((work / "index" / "manifest.json").read_text())
         assert manifest and len(list((work / "index").glob("*.faiss"))) >= 1
