@@ -48,10 +48,10 @@ def question_items(n: int) -> list[tuple[str, list[dict]]]:
         from canopy_ray.data.sets import prepare_shared
 
         d = prepare_shared(SHARED, Path("runs/bench-data"), ["hotpotqa"])["hotpotqa"]
-        corpus, qfile, name = d / "corpus.jsonl", d / "questions.jsonl", "hotpotqa"
+        corpus, qfile = d / "corpus.jsonl", d / "questions.jsonl"
     else:
         sample = resources.files("canopy_ray") / "assets" / "sample"
-        corpus, qfile, name = Path(str(sample / "corpus.jsonl")), Path(str(sample / "questions.jsonl")), "hotpotqa"
+        corpus, qfile = Path(str(sample / "corpus.jsonl")), Path(str(sample / "questions.jsonl"))
     items = {o["id"]: o for o in map(json.loads, corpus.read_text().splitlines()) if o.get("id")}
     from canopy_ray.core.items import parse_question
 

@@ -3,7 +3,6 @@ from importlib import resources
 
 import pytest
 
-from canopy_ray.cli import main
 from canopy_ray.compressor import Compressor, flat, format_forest, refined
 from canopy_ray.core.evidence import piece
 from canopy_ray.core.hierarchy import build_tree

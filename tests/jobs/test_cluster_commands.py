@@ -104,7 +104,7 @@ def test_cluster_commands_as_documented():
             f'{DOCUMENTED[4].replace("configs/serve.yaml", chr(34) + str(work / "serve.yaml") + chr(34))} '
             '> "$OUT/serve.log" 2>&1 &',
             "serve_pid=$!",
-            f'python "$OUT/wait_for_app.py" > "$OUT/app.json" || {{ tail -40 "$OUT/serve.log" >&2; exit 1; }}',
+            'python "$OUT/wait_for_app.py" > "$OUT/app.json" || { tail -40 "$OUT/serve.log" >&2; exit 1; }',
             'kill -INT "$serve_pid"',
             f'for _ in $(seq {STOP_S}); do kill -0 "$serve_pid" 2>/dev/null || break; sleep 1; done',
             f'if kill -0 "$serve_pid" 2>/dev/null; then echo "serve run did not stop within {STOP_S} s of SIGINT:"; '

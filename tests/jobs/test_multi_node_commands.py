@@ -69,7 +69,7 @@ def test_multi_node_commands_as_documented():
             # the head
             HEAD[0], HEAD[1], f"{HEAD[2]} {head_iso}", HEAD[3],
             'test -n "$TOKEN"',
-            f"HEAD_IP=127.0.0.1",
+            "HEAD_IP=127.0.0.1",
         ]
         for i in (1, 2):  # two workers: the documented lines, each node on its own ports
             iso = " ".join(isolate_flags(node_ports(), work / f"worker-{i}") + [f"--address=127.0.0.1:{gcs}"])
