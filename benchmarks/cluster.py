@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -460,16 +461,23 @@ def sweep_part(work: Path, max_actors: int = 4) -> dict:
 
 
 def sweep_table(r: dict) -> list[str]:
-    peak = max((sum(s["actors"].values()) for s in r["samples"]), default=0)
+    counts = [sum(s["actors"].values()) for s in r["samples"]]
+    peak = max(counts, default=0)
     nodes = sorted({n for s in r["samples"] for n in s["actors"]})
-    first = next((s["t"] for s in r["samples"] if sum(s["actors"].values()) == peak), None)
+    first = next((s["t"] for s, c in zip(r["samples"], counts) if c == peak), None)
+    start = next((c for c in counts if c), 0)
+    end = "was released by the time the last point was written" if counts and counts[-1] == 0 else \
+        f"held {counts[-1] if counts else 0} actors at the last sample"
+    t = [s["t"] for s in r["samples"]]
+    gaps = [b - a for a, b in zip(t, t[1:])]
     return ["### The sweep's autoscaling actor pool (`canopy sweep`, pool 1..{} one-CPU actors)".format(r["max_actors"]),
             "", f"{r['points']} points (a reader-free k x B grid on the bundled sample) in {r['wall_s']:.0f} s. "
-            f"The pool grew from 1 to {peak} actors ({_s(first, '{:.0f}')} s after the start), on the nodes "
-            f"{', '.join(nodes)}, while points were queued, and was released when the last point was written "
+            f"The pool grew from {start} to {peak} actors ({_s(first, '{:.0f}')} s after the start), on the nodes "
+            f"{', '.join(nodes)}, while points were queued, and {end} "
             "(Ray Data's actor-pool autoscaler, its upscaling threshold set to 100% utilisation by "
             "`canopy_ray/eval/sweep.py`: grow while every actor is busy and points remain). Actors were "
-            "counted with `ray list actors` every 2 s or as fast as it answered.", ""]
+            f"counted with `ray list actors`, {len(counts)} samples, a median {_s(statistics.median(gaps) if gaps else None, '{:.1f}')} s "
+            "apart.", ""]
 
 
 def plot_sweep(r: dict, path: Path) -> Path:

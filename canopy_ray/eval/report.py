@@ -244,7 +244,7 @@ def plot_tokens_by_b(runs: list[dict], path: Path) -> Path | None:
     if not groups:
         return None
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
-    for col, ((dataset, _, n, reader), group) in enumerate(groups.items()):
+    for col, ((dataset, where, n, reader), group) in enumerate(groups.items()):
         ax = axes[0][col]
         lines = defaultdict(list)
         for r in group:
@@ -260,7 +260,7 @@ def plot_tokens_by_b(runs: list[dict], path: Path) -> Path | None:
         ax.set_xlabel("branching factor B")
         ax.set_ylabel("reader evidence tokens")
         ax.set_xticks(sorted({r["spec"]["branching"] for r in group}))
-        ax.set_title(f"{dataset} (n={n}{'' if reader else ', no reader'})", fontsize=9)
+        ax.set_title(f"{dataset}, {where} (n={n}{'' if reader else ', no reader'})", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return save(fig, path, 72)
