@@ -47,11 +47,13 @@ LATENT, CLUSTERS, SPREAD, NOISE = 48, 256, 1.0, 0.1
 CHUNK, SEED, K = 250_000, 0, 10
 SHARDS = 2  # configs/cpu.yaml's retrieval.shards
 NPROBES = (4, 8, 16, 32, 64)
-MACHINE = "2 CPU cores, 24 GiB of memory, no GPU"
-# steps of the stored records that ran with other work on the machine (the rest ran on it otherwise
-# idle): their times, and the Serve overhead most of all, are noisy. Drop an entry when it is re-measured.
-# (None: every step of the record)
-UNDER_LOAD = {"100000-384": None, "1000000-384": None, "1000000-2048": None, "10000000-384": ("build_ivf", "ivf")}
+# Each step records its machine and the share of the machine's CPU time that other processes used
+# while it ran (``hosts``). The records measured before that was recorded ran on this machine, with
+# other work beside the steps named here (None: every step of the record):
+LEGACY_MACHINE = "2 CPU cores, 24 GiB of memory, no GPU"
+LEGACY_UNDER_LOAD = {"100000-384": None, "1000000-384": None, "1000000-2048": None,
+                     "10000000-384": ("build_ivf", "ivf")}
+OTHER_CPU = 0.2  # a step ran "under load" when other processes took more than this share of the CPU time
 
 
 # ---- data ---------------------------------------------------------------------------------
@@ -373,21 +375,47 @@ STEPS = {"search": step_search, "serve": step_serve, "ivf": step_ivf}
 FORMS = ("floor", "sharded", "ivf")
 # what a record holds; anything else is left over from an older version of this script and is dropped
 # when the results are saved
-RECORD_KEYS = {"n", "dim", *(f"build_{f}" for f in FORMS), "floor", "sharded", "serve", "ivf"}  # search: floor, sharded
+RECORD_KEYS = {"n", "dim", "hosts", *(f"build_{f}" for f in FORMS), "floor", "sharded", "serve", "ivf"}  # search: floor, sharded
 
 
 # ---- driver ------------------------------------------------------------------------------------
 
-def run_step(args, step: str, n: int, dim: int) -> dict:
-    """One step in a fresh interpreter (its own peak memory); its record."""
+def run_step(args, step: str, n: int, dim: int) -> tuple[dict, dict]:
+    """One step in a fresh interpreter (its own peak memory); its record, and the machine it ran
+    on with the share of the CPU time other processes took meanwhile (None off Linux)."""
+    import resource
+
     cmd = [sys.executable, __file__, "--step", step, "--n", str(n), "--dim", str(dim), "--root", str(args.root),
            "--nodes-up-to", str(args.nodes_up_to)] + (["--nlist", str(args.nlist)] if args.nlist else [])
     print(f"[scale] {step} N={n:,} dim={dim}", file=sys.stderr, flush=True)
-    t = time.perf_counter()
+    kids = lambda: (lambda u: u.ru_utime + u.ru_stime)(resource.getrusage(resource.RUSAGE_CHILDREN))  # noqa: E731
+    busy0, kids0, t = _busy_s(), kids(), time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall, busy = time.perf_counter() - t, _busy_s()
     rec = json.loads(proc.stdout.decode().strip().splitlines()[-1])
-    print(f"[scale] {step} N={n:,} done in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
-    return rec
+    other = None if busy is None else max(0.0, busy - busy0 - (kids() - kids0)) / (wall * os.cpu_count())
+    host = {"cpus": os.cpu_count(), "mem_gib": _mem_gib(), "other_cpu": None if other is None else round(other, 3)}
+    print(f"[scale] {step} N={n:,} done in {wall:.0f} s (other processes: {host['other_cpu']} of the CPU)",
+          file=sys.stderr, flush=True)
+    return rec, host
+
+
+def _busy_s() -> float | None:
+    """CPU seconds the whole machine has spent busy (/proc/stat), or None."""
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except OSError:
+        return None
+    return (sum(f) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def _mem_gib() -> float | None:
+    try:
+        kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal:"))
+    except (OSError, StopIteration):
+        return None
+    return round(kib / 2**20, 1)
 
 
 def save(results: dict, path: Path) -> None:
@@ -406,7 +434,7 @@ def report(results: dict, png: Path) -> str:
              "Synthetic clustered unit vectors (seeded; a 256-component Gaussian mixture in a 48-dimensional "
              "subspace plus full-dimensional noise), written by `canopy_ray.index.writer.IndexWriter` "
              f"({SHARDS} fp16 shards, as `configs/cpu.yaml`), searched for k = {K}. Every number is measured, on "
-             f"one machine ({MACHINE}): compare forms within one N, and slopes across N. "
+             f"{_machines(results)}: compare forms within one N, and slopes across N. "
              + _load_note(results) +
              "Memory in GiB: `anon` is the process's own, `file` mapped index files (the page cache, shared by "
              "every process mapping them), `peak` the high-water mark (VmHWM, both kinds).", "",
@@ -523,18 +551,32 @@ def report(results: dict, png: Path) -> str:
 
 
 def _under_load(r: dict, step: str) -> bool:
+    host = r.get("hosts", {}).get(step)
+    if host is not None:
+        return (host["other_cpu"] or 0) > OTHER_CPU
     key = f"{r['n']}-{r['dim']}"
-    return key in UNDER_LOAD and (UNDER_LOAD[key] is None or step in UNDER_LOAD[key])
+    return key in LEGACY_UNDER_LOAD and (LEGACY_UNDER_LOAD[key] is None or step in LEGACY_UNDER_LOAD[key])
+
+
+def _machines(results: dict) -> str:
+    names = {LEGACY_MACHINE if h is None else f"{h['cpus']} CPU cores, {h['mem_gib']} GiB of memory"
+             for r in results.values() for h in (r.get("hosts") or {None: None}).values()}
+    return ("one machine (" if len(names) == 1 else "several machines (") + "; ".join(sorted(names)) + ")"
 
 
 def _load_note(results: dict) -> str:
-    what = lambda steps: "every step" if steps is None else " and ".join(steps)  # noqa: E731
-    loaded = [f"{what(UNDER_LOAD[k])} at {r['n']:,} x {r['dim']}"
-              for k, r in sorted(results.items(), key=lambda kv: (kv[1]["dim"], kv[1]["n"])) if k in UNDER_LOAD]
+    steps = ("build_floor", "build_sharded", "build_ivf", "search", "serve", "ivf")
+    loaded = []
+    for r in sorted(results.values(), key=lambda r: (r["dim"], r["n"])):
+        ran = [s for s in steps if s in r or s == "search" and "floor" in r]
+        mine = [s for s in ran if _under_load(r, s)]
+        if mine:
+            loaded.append(f"{'every step' if mine == ran else ' and '.join(mine)} at {r['n']:,} x {r['dim']}")
     if not loaded:
         return ""
-    return (f"Measured with other work running on the machine (background load): {'; '.join(loaded)}. Their times, "
-            "and the Serve overhead most of all, are noisy; the other steps ran on the machine otherwise idle. ")
+    return (f"Measured with other work running on the machine (background load; for a step that recorded it, "
+            f"other processes took more than {OTHER_CPU:.0%} of the CPU time): {'; '.join(loaded)}. Their times, and the Serve overhead most of all, are "
+            "noisy; the other steps ran on the machine otherwise idle. ")
 
 
 def _get(d, keys):
@@ -556,7 +598,7 @@ _MARKER_NAMES = {"o": "circle", "s": "square", "^": "triangle", "D": "diamond"}
 
 def plot(recs: list[dict], png: Path) -> None:
     """Log-log against N: one colour per quantity, one marker per dim; an open marker where the
-    step ran with other work on the machine (``UNDER_LOAD``)."""
+    step ran with other work on the machine (``_under_load``)."""
     from matplotlib.lines import Line2D
 
     from canopy_ray.plots import pyplot, save
@@ -646,13 +688,15 @@ def main() -> None:
         for step in args.steps:
             if step == "build":
                 for form in args.forms:
-                    rec[f"build_{form}"] = run_step(args, f"build-{form}", n, args.dim)
+                    rec[f"build_{form}"], rec.setdefault("hosts", {})[f"build_{form}"] = run_step(
+                        args, f"build-{form}", n, args.dim)
                     save(results, args.results)
             elif step == "search":
-                rec.update(run_step(args, step, n, args.dim))
+                out, rec.setdefault("hosts", {})[step] = run_step(args, step, n, args.dim)
+                rec.update(out)
                 save(results, args.results)
             elif step != "ivf" or "ivf" in args.forms:
-                rec[step] = run_step(args, step, n, args.dim)
+                rec[step], rec.setdefault("hosts", {})[step] = run_step(args, step, n, args.dim)
                 save(results, args.results)
         if not args.keep:
             import shutil
