@@ -148,8 +148,8 @@ def test_quickstart_with_an_openai_compatible_reader(ray_local, tmp_path, fake_l
     cfg = load_config(ROOT / "configs" / "cpu.yaml", critic={"rounds": 1}, retrieval={"k": 3},
                       llm=reader_override(fake_llm))
     run(cfg, tmp_path, corpus=CORPUS, port=0, echo=lines.append,
-              questions=[{"question": "When was the Eiffel Tower built?", "answers": ["1889"]},
-                         {"question": "On which river does Paris lie?", "answers": ["the Seine"]}])
+        questions=[{"question": "When was the Eiffel Tower built?", "answers": ["1889"]},
+                   {"question": "On which river does Paris lie?", "answers": ["the Seine"]}])
     text = "\n".join(lines)
     reader = f"fake-reader at {fake_llm}"
     assert f"reader and critic: {reader}" in text

@@ -65,8 +65,9 @@ def split_corpus(files: list[Path], inputs_dir: Path, shard_items: int) -> tuple
     """Write ``inputs_dir/shard-NNNNN.parquet`` (shard, row, file, line, raw); return rows per
     shard and each shard's key, a hash of its rows' file names, line numbers and text.
 
-    ``row`` numbers the non-blank lines of the whole corpus (the order duplicates resolve in);
-    ``file`` and ``line`` say where a skipped item is."""
+    ``row`` numbers the non-blank lines of the whole corpus (the order within a shard; a part
+    kept from an earlier split keeps that split's numbers, and parts are read in plan order, so
+    duplicates still resolve to the first line); ``file`` and ``line`` say where a skipped item is."""
     import hashlib
 
     import pyarrow as pa

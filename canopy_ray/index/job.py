@@ -4,10 +4,11 @@ Steps (everything under ``OUT/work`` is resumable state):
 
 1. **Plan.** The corpus is cut into input shards of ``index.shard_items`` lines
    (``work/inputs/shard-NNNNN.parquet``), each keyed by a hash of its lines;
-   ``work/plan.json`` records the corpus checksum, the keys and every setting the embeddings
-   depend on. Rerunning with changed settings is refused (``overwrite=True`` starts over);
-   rerunning with a changed corpus updates the index: the shards whose lines did not change
-   (all of them before the first changed line) keep their parts.
+   ``work/plan.json`` records the corpus path and checksum, the keys and every setting the
+   embeddings depend on. Rerunning with other settings or another corpus path is refused
+   (``overwrite=True`` starts over); rerunning after the corpus at the same path changed updates
+   the index: the shards whose lines did not change (all of them before the first changed line)
+   keep their parts. Media files are not hashed: an image edited in place is not seen.
 2. **Embed.** Ray Data hands slices of the pending input shards to a callable-class actor
    pool (``ActorPoolStrategy(size=index.actors)``, each actor ``index.cpus_per_actor`` CPUs
    and ``index.num_gpus`` GPUs) that reads, validates and embeds them. The driver collects the
@@ -69,22 +70,26 @@ def _part(out: Path, key: str) -> Path:
 
 
 def _plan(cfg: CanopyConfig, corpus: Path, out: Path, media_root: Path, overwrite: bool) -> dict:
+    """The run's plan: the earlier one when nothing changed; an update when only the corpus at the
+    same path changed (parts of unchanged shards stay); else a fresh start, which discards the
+    earlier state only with ``overwrite``."""
     work = out / WORK
     files = corpus_files(corpus)
     plan_path = work / PLAN
-    want = {"corpus": [str(f.resolve()) for f in files], "fingerprint": sha256_files(files, with_names=True),
-            "settings": _settings(cfg, media_root)}
+    want = {"source": str(corpus.resolve()), "corpus": [str(f.resolve()) for f in files],
+            "fingerprint": sha256_files(files, with_names=True), "settings": _settings(cfg, media_root)}
     plan = _read_plan(plan_path)
-    update = plan is not None and plan.get("settings") == want["settings"]
-    if update:
-        if plan.get("fingerprint") == want["fingerprint"]:
-            return plan
-        # the corpus changed: parts of unchanged shards stay, the rest is planned anew
+    same = plan is not None and all(plan.get(k) == want[k] for k in ("source", "settings"))
+    if same and plan.get("fingerprint") == want["fingerprint"]:
+        return plan
+    if same:  # the corpus changed: unchanged shards keep their parts, the rest is planned anew
+        # until the new plan is written, no run may pair the old plan with the new inputs
+        write_json(plan_path, plan | {"fingerprint": None})
         shutil.rmtree(work / INPUTS, ignore_errors=True)
     else:
         if plan is not None and not overwrite:
             raise IndexJobError(
-                f"{out} holds an unfinished or finished index built with other settings "
+                f"{out} holds an unfinished or finished index of another corpus path or other settings "
                 f"(see {plan_path}); use a new output directory or overwrite=True (--overwrite)")
         if work.exists():
             shutil.rmtree(work)
@@ -92,7 +97,7 @@ def _plan(cfg: CanopyConfig, corpus: Path, out: Path, media_root: Path, overwrit
         work.mkdir(parents=True)
     rows, keys = split_corpus(files, work / INPUTS, cfg.index.shard_items)
     plan = want | {"shard_rows": rows, "shard_keys": keys}
-    if update:
+    if same:
         log.info("the corpus changed: %d of %d input shards are unchanged and kept",
                  sum(_part(out, key).exists() for key in keys), len(keys))
     write_json(plan_path, plan)

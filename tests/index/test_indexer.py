@@ -105,6 +105,8 @@ def test_a_grown_corpus_embeds_only_its_changed_shards(full_run, minilm, tmp_pat
     (hits,), (ref_hits,) = got.search(q, 13), want.search(q, 13)
     assert [h[0] for h in hits] == [h[0] for h in ref_hits]
     np.testing.assert_allclose([h[1] for h in hits], [h[1] for h in ref_hits], atol=1e-3)
+    with pytest.raises(IndexJobError, match="another corpus path"):  # not an update: another corpus
+        run_index(config(), CORPUS, out, progress=False)
 
 
 def test_changed_settings_are_refused_without_overwrite(full_run):
