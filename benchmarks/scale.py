@@ -38,6 +38,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -383,21 +384,51 @@ RECORD_KEYS = {"n", "dim", "hosts", *(f"build_{f}" for f in FORMS), "floor", "sh
 def run_step(args, step: str, n: int, dim: int) -> tuple[dict, dict]:
     """One step in a fresh interpreter (its own peak memory); its record, and the machine it ran
     on with the share of the CPU time other processes took meanwhile (None off Linux)."""
-    import resource
-
     cmd = [sys.executable, __file__, "--step", step, "--n", str(n), "--dim", str(dim), "--root", str(args.root),
            "--nodes-up-to", str(args.nodes_up_to)] + (["--nlist", str(args.nlist)] if args.nlist else [])
     print(f"[scale] {step} N={n:,} dim={dim}", file=sys.stderr, flush=True)
-    kids = lambda: (lambda u: u.ru_utime + u.ru_stime)(resource.getrusage(resource.RUSAGE_CHILDREN))  # noqa: E731
-    busy0, kids0, t = _busy_s(), kids(), time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    wall, busy = time.perf_counter() - t, _busy_s()
+    mark = uuid.uuid4().hex  # in the environment of the step and of every process it starts (Ray's too)
+    mine = _MarkedCPU(mark)
+    busy0, t = _busy_s(), time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, check=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "CANOPY_SCALE_STEP": mark})
+    wall, busy, own = time.perf_counter() - t, _busy_s(), mine.stop()
     rec = json.loads(proc.stdout.decode().strip().splitlines()[-1])
-    other = None if busy is None else max(0.0, busy - busy0 - (kids() - kids0)) / (wall * os.cpu_count())
+    # (not told for a step of under 5 s: the 0.2 s sampling is too coarse for it)
+    other = None if busy is None or wall < 5 else max(0.0, busy - busy0 - own) / (wall * os.cpu_count())
     host = {"cpus": os.cpu_count(), "mem_gib": _mem_gib(), "other_cpu": None if other is None else round(other, 3)}
     print(f"[scale] {step} N={n:,} done in {wall:.0f} s (other processes: {host['other_cpu']} of the CPU)",
           file=sys.stderr, flush=True)
     return rec, host
+
+
+class _MarkedCPU:
+    """CPU seconds used by the processes whose environment holds ``CANOPY_SCALE_STEP=mark``,
+    sampled from /proc every 0.2 s until :meth:`stop` (a process's last 0.2 s may be missed)."""
+
+    def __init__(self, mark: str):
+        import threading
+
+        self._mark, self._seen, self._done = f"CANOPY_SCALE_STEP={mark}".encode(), {}, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._done.wait(0.2) and os.path.isdir("/proc"):
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    if self._mark not in Path(f"/proc/{pid}/environ").read_bytes():
+                        continue
+                    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                self._seen[(pid, f[19])] = (int(f[11]) + int(f[12])) / tick  # utime + stime; f[19]: start time
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join()
+        return sum(self._seen.values())
 
 
 def _busy_s() -> float | None:
