@@ -590,16 +590,25 @@ def _under_load(r: dict, step: str) -> bool:
 
 
 def _machines(results: dict) -> str:
-    names = {LEGACY_MACHINE if h is None else f"{h['cpus']} CPU cores, {h['mem_gib']} GiB of memory"
-             for r in results.values() for h in (r.get("hosts") or {None: None}).values()}
+    names = set()
+    for r in results.values():
+        hosts = r.get("hosts") or {}
+        names |= {f"{h['cpus']} CPU cores, {h['mem_gib']} GiB of memory" for h in hosts.values()}
+        if any(step not in hosts for step in _ran(r)):
+            names.add(LEGACY_MACHINE)
     return ("one machine (" if len(names) == 1 else "several machines (") + "; ".join(sorted(names)) + ")"
 
 
+def _ran(r: dict) -> list[str]:
+    """The steps a record holds (the search step writes ``floor`` and ``sharded``)."""
+    return [s for s in ("build_floor", "build_sharded", "build_ivf", "search", "serve", "ivf")
+            if s in r or s == "search" and "floor" in r]
+
+
 def _load_note(results: dict) -> str:
-    steps = ("build_floor", "build_sharded", "build_ivf", "search", "serve", "ivf")
     loaded = []
     for r in sorted(results.values(), key=lambda r: (r["dim"], r["n"])):
-        ran = [s for s in steps if s in r or s == "search" and "floor" in r]
+        ran = _ran(r)
         mine = [s for s in ran if _under_load(r, s)]
         if mine:
             loaded.append(f"{'every step' if mine == ran else ' and '.join(mine)} at {r['n']:,} x {r['dim']}")
