@@ -86,6 +86,7 @@ def _plan(cfg: CanopyConfig, corpus: Path, out: Path, media_root: Path, overwrit
         # until the new plan is written, no run may pair the old plan with the new inputs
         write_json(plan_path, plan | {"fingerprint": None})
         shutil.rmtree(work / INPUTS, ignore_errors=True)
+        log.info("the corpus changed: updating the index (input shards with unchanged lines are kept)")
     else:
         if plan is not None and not overwrite:
             raise IndexJobError(
@@ -97,9 +98,6 @@ def _plan(cfg: CanopyConfig, corpus: Path, out: Path, media_root: Path, overwrit
         work.mkdir(parents=True)
     rows, keys = split_corpus(files, work / INPUTS, cfg.index.shard_items)
     plan = want | {"shard_rows": rows, "shard_keys": keys}
-    if same:
-        log.info("the corpus changed: %d of %d input shards are unchanged and kept",
-                 sum(_part(out, key).exists() for key in keys), len(keys))
     write_json(plan_path, plan)
     return plan
 
@@ -345,10 +343,9 @@ def run_index(cfg: CanopyConfig, corpus_path: str | Path, out_dir: str | Path, *
             cfg, plan, out, media_root, pending, progress))
     embed_s = time.perf_counter() - t_embed
     built = _build(cfg, plan, out)
-    keys = set(plan["shard_keys"])
-    for path in (out / WORK / PARTS).glob("part-*.parquet"):  # shards an update left behind
-        if path.stem.removeprefix("part-") not in keys:
-            path.unlink()
+    keep = {_part(out, key) for key in plan["shard_keys"]}
+    for path in set((out / WORK / PARTS).glob("part-*.parquet")) - keep:  # shards an update left behind
+        path.unlink()
     summary = built | _throughput([_part(out, plan["shard_keys"][k]) for k in pending], rows_done, embed_s) | {
         "input_lines": int(sum(plan["shard_rows"])), "input_shards": n_shards,
         "shards_resumed": n_shards - len(pending), "shards_computed": len(pending),

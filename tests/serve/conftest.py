@@ -59,16 +59,11 @@ def app_beside(cfg, app_cfg, name: str):
     except RayServeException:
         started = True
         serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
-    try:
+    try:  # after the module, or after a failed deploy, nothing of it holds resources
         serve.run(build_app({"cfg": app_cfg}), name=name, route_prefix=f"/{name}")
-    except BaseException:  # a failed deploy holds no resources after it
+        yield f"http://{cfg.serve.host}:{cfg.serve.port}/{name}"
+    finally:
         if started:
             serve.shutdown()
         else:
             serve.delete(name)
-        raise
-    yield f"http://{cfg.serve.host}:{cfg.serve.port}/{name}"
-    if started:
-        serve.shutdown()
-    else:
-        serve.delete(name)
