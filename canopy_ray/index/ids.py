@@ -16,8 +16,7 @@ class ItemIds(Sequence):
         import pyarrow as pa
 
         self.array = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else pa.array(ids, pa.string())
-        self._order: np.ndarray | None = None
-        self._sorted = None
+        self._by_id: tuple | None = None  # (order, sorted ids), made on first use
 
     def __len__(self) -> int:
         return len(self.array)
@@ -37,27 +36,28 @@ class ItemIds(Sequence):
         """Ids that occur more than once (counted once each beyond the first)."""
         import pyarrow.compute as pc
 
-        self._sort()
-        s = self._sorted
+        _, s = self._sort()
         return 0 if len(s) < 2 else int(pc.sum(pc.equal(s[1:], s[:-1])).as_py() or 0)
 
     def position(self, item_id: str) -> int:
         """The row of ``item_id``; KeyError when it is not indexed."""
         import bisect
 
-        self._sort()
-        s = self._sorted
+        order, s = self._sort()
         j = bisect.bisect_left(_Strings(s), item_id)
         if j == len(s) or s[j].as_py() != item_id:
             raise KeyError(item_id)
-        return int(self._order[j])
+        return int(order[j])
 
-    def _sort(self) -> None:
-        if self._order is None:
+    def _sort(self) -> tuple:
+        # One assignment of both: a Serve replica calls this from several threads at once, and
+        # a thread must never see the order without the sorted ids.
+        if self._by_id is None:
             import pyarrow.compute as pc
 
-            self._order = pc.sort_indices(self.array).to_numpy()
-            self._sorted = self.array.take(self._order)
+            order = pc.sort_indices(self.array).to_numpy()
+            self._by_id = (order, self.array.take(order))
+        return self._by_id
 
 
 class _Strings:

@@ -3,6 +3,8 @@ sharded merge against one exact index, and the approximate ``ivf`` form."""
 
 import json
 import shutil
+import sys
+import threading
 from pathlib import Path
 
 import faiss
@@ -116,6 +118,32 @@ def test_item_ids_find_positions_and_count_duplicates():
         ids.position("zz")
     assert ids.duplicates() == 0 and ItemIds(["x", "y", "x", "x"]).duplicates() == 2
     assert ids == ["b", "a", "c", "a2"] and ids[1:3] == ["a", "c"]
+
+
+def test_item_ids_first_lookups_from_many_threads_at_once():
+    """A Serve replica runs sync methods (the Retriever's fetch) in a thread pool: the first
+    lookups race to sort the ids, and none may see half of that work."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        for _ in range(200):
+            ids, start, errors = ItemIds([f"id-{i}" for i in range(50)]), threading.Barrier(8), []
+
+            def look():
+                start.wait()
+                try:
+                    assert ids.position("id-7") == 7
+                except Exception as e:
+                    errors.append(e)
+
+            threads = [threading.Thread(target=look) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert not errors, errors[0]
+    finally:
+        sys.setswitchinterval(old)
 
 
 def recall(got, want):
