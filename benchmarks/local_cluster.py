@@ -96,11 +96,13 @@ class LocalCluster:
 
     def __init__(self, workers: int = 2, worker_cpus: int = 2, head_cpus: int = 0, dashboard: bool = True,
                  health_check_s: tuple[float, int] | None = None, object_store_mb: int = 256,
-                 worker_resources: dict[str, float] | None = None, head_resources: dict[str, float] | None = None):
+                 worker_resources: dict[str, float] | None = None, head_resources: dict[str, float] | None = None,
+                 node_env: dict[str, str] | None = None):
         self.root = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))  # short: Ray's socket paths
         self.n_workers, self.worker_cpus, self.head_cpus = workers, worker_cpus, head_cpus
         self.dashboard, self.health_check_s, self.object_store_mb = dashboard, health_check_s, object_store_mb
         self.worker_resources, self.head_resources = worker_resources or {}, head_resources or {}
+        self.node_env = node_env or {}  # Ray settings for every process of the nodes
         self.token = secrets.token_hex(32)  # as `ray get-auth-token --generate` makes one
         self.gcs_port, self.dashboard_port, self.client_port = free_ports(3)
         self.nodes: dict[str, Node] = {}
@@ -124,7 +126,7 @@ class LocalCluster:
                       "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
     def _node_env(self) -> dict[str, str]:
-        env = self.env
+        env = self.env | self.node_env
         del env["RAY_ADDRESS"], env["RAY_API_SERVER_ADDRESS"]
         if self.health_check_s:  # read by the GCS (head) from its environment
             period, threshold = self.health_check_s

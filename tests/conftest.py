@@ -1,6 +1,14 @@
 """Session-wide fixtures: the real packaged MiniLM, loaded once."""
 
+import os
+
 import pytest
+
+# Ray Train's controller polls its workers every 2 s, and a worker's report with a checkpoint
+# waits for that poll: the tests' runs of 0.02 s steps would spend 2 s per checkpoint. Every Ray
+# these tests start inherits this environment (a LocalCluster's nodes are given it).
+TRAIN_POLL = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
+os.environ.update(TRAIN_POLL)
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,10 @@ def test_two_workers_on_two_nodes_train_as_one_through_a_node_loss(tiny_bert_dir
                               "max_failures": 1}}
     steps, every = 24, 2
     common = dict(data={"tiny": tiny_data_dir}, storage=tmp_path / "runs", max_steps=steps, every=every, limit=16)
-    with LocalCluster(workers=3, worker_cpus=1, health_check_s=(1.0, 5)) as cluster:
+    # Ray Train registers a checkpoint per poll of its workers: every 0.5 s (2 s by default) leaves
+    # the 2-worker run ~5 s after its first checkpoint, time for the kill to land mid-run
+    poll = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+    with LocalCluster(workers=3, worker_cpus=1, health_check_s=(1.0, 5), node_env=poll) as cluster:
         one = train_on_cluster(cluster, tmp_path / "w1.log", name="w1", out=tmp_path / "adapter1", **common,
                                overrides={**overrides, "training": {**overrides["training"], "workers": 1}})
         two = train_with_node_loss(cluster, tmp_path / "w2.log", name="w2", out=tmp_path / "adapter2",
