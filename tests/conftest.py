@@ -6,9 +6,8 @@ import pytest
 
 # Ray Train's controller polls its workers every 2 s, and a worker's report with a checkpoint
 # waits for that poll: the tests' runs of 0.02 s steps would spend 2 s per checkpoint. Every Ray
-# these tests start inherits this environment (a LocalCluster's nodes are given it).
-TRAIN_POLL = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
-os.environ.update(TRAIN_POLL)
+# the tests start inherits this environment (a LocalCluster's nodes only what it is given).
+os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.25"
 
 
 @pytest.fixture(scope="session")
