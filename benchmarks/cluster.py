@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -525,14 +526,21 @@ def start_training(cluster: LocalCluster, log: Path, *, data: dict, storage: Pat
                                 stdout=f, stderr=subprocess.STDOUT)
 
 
-def training_result(proc: subprocess.Popen, log: Path, timeout: float = 600) -> dict:
-    """The TrainResult (as a dict) of a driver :func:`start_training` started."""
+@contextmanager
+def driver_reaped_on_failure(proc: subprocess.Popen):
+    """A timeout, an error or Ctrl-C in the block kills and reaps the driver: it never outlives us."""
     try:
-        rc = proc.wait(timeout)
-    except BaseException:  # timed out or interrupted: the driver goes too
+        yield
+    except BaseException:
         proc.kill()
         proc.wait()
         raise
+
+
+def training_result(proc: subprocess.Popen, log: Path, timeout: float = 600) -> dict:
+    """The TrainResult (as a dict) of a driver :func:`start_training` started."""
+    with driver_reaped_on_failure(proc):
+        rc = proc.wait(timeout)
     text = log.read_text(errors="replace")
     if rc != 0:
         raise RuntimeError(f"training failed ({rc}):\n{text[-3000:]}")
@@ -554,7 +562,7 @@ def train_with_node_loss(cluster: LocalCluster, log: Path, *, storage: Path, nam
     proc = start_training(cluster, log, storage=storage, name=name, **kw)
     run_dir = storage / name
     deadline = time.monotonic() + timeout
-    try:  # the driver does not outlive a failure here
+    with driver_reaped_on_failure(proc):
         while (registered_step(run_dir) or 0) < after_step:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"no checkpoint of step >= {after_step} registered:\n{log.read_text()[-3000:]}")
@@ -563,10 +571,6 @@ def train_with_node_loss(cluster: LocalCluster, log: Path, *, storage: Path, nam
         before = registered_step(run_dir)
         t0 = time.monotonic()
         cluster.kill(victim)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
     res = training_result(proc, log, max(deadline - time.monotonic(), 1))
     return res | {"lost": victim, "registered_at_kill": before, "after_kill_s": time.monotonic() - t0,
                   "left": cluster.left(victim)}

@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", required=True, help="corpus JSONL / JSONL.gz / parquet, or a directory of them")
     p.add_argument("--out", required=True, help="output directory (index, report, resumable state)")
     p.add_argument("--media-root", default=None, help="base of relative media paths (default: the corpus's dir)")
-    p.add_argument("--overwrite", action="store_true", help="start over when the index was built from another corpus path or with other settings (a changed corpus at the same path updates it)")
+    p.add_argument("--overwrite", action="store_true", help="start over when the index was built from another "
+                   "corpus path or with other settings (a changed corpus at the same path updates it)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray instance, if one is started")
     p.add_argument("--actors", type=int, default=None, help="override index.actors")
     p.add_argument("--shard-items", type=int, default=None, help="override index.shard_items")

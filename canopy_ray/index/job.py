@@ -65,8 +65,9 @@ def _settings(cfg: CanopyConfig, media_root: Path) -> dict:
             "media_root": str(media_root)}
 
 
-def _part(out: Path, key: str) -> Path:
-    return out / WORK / PARTS / f"part-{key}.parquet"
+def _parts(out: Path, plan: dict) -> list[Path]:
+    """Each input shard's part, in plan order: named by the shard's key, so an update finds it."""
+    return [out / WORK / PARTS / f"part-{key}.parquet" for key in plan["shard_keys"]]
 
 
 def _plan(cfg: CanopyConfig, corpus: Path, out: Path, media_root: Path, overwrite: bool) -> dict:
@@ -155,8 +156,8 @@ def _dataset(cfg: CanopyConfig, out: Path, media_root: Path, pending: list[int],
         batch_size=1, batch_format="numpy", num_cpus=cfg.index.cpus_per_actor, num_gpus=cfg.index.num_gpus)
 
 
-def _embed_pending(cfg: CanopyConfig, plan: dict, out: Path, media_root: Path, pending: list[int],
-                   progress: bool) -> int:
+def _embed_pending(cfg: CanopyConfig, plan: dict, out: Path, parts: list[Path], media_root: Path,
+                   pending: list[int], progress: bool) -> int:
     """Run the pipeline and write each input shard's part once all its rows are back; return
     the rows computed."""
     import pyarrow as pa
@@ -181,12 +182,12 @@ def _embed_pending(cfg: CanopyConfig, plan: dict, out: Path, media_root: Path, p
                 raise IndexJobError(f"input shard {k}: {seen[k]} rows, expected {expected[k]}")
             if seen[k] < expected[k]:
                 continue
-            _write_part(held.pop(k), _part(out, plan["shard_keys"][k]))
+            _write_part(held.pop(k), parts[k])
             written += 1
             rows_done += seen[k]
             log.info("input shard %d done (%d/%d this run; %.1f items/s)", k, written, len(pending),
                      rows_done / max(time.perf_counter() - t0, 1e-9))
-    missing = [k for k in pending if not _part(out, plan["shard_keys"][k]).exists()]
+    missing = [k for k in pending if not parts[k].exists()]
     if missing:
         raise IndexJobError(f"input shards {missing} did not complete")
     return rows_done
@@ -276,9 +277,8 @@ def _train_sample(parts: list[Path], sel: _Selection, nlist: int | None) -> np.n
     return np.stack(out)
 
 
-def _build(cfg: CanopyConfig, plan: dict, out: Path) -> dict:
+def _build(cfg: CanopyConfig, plan: dict, out: Path, parts: list[Path]) -> dict:
     """Parts -> report, item table, FAISS shards, node store, manifest."""
-    parts = [_part(out, key) for key in plan["shard_keys"]]
     sel = _select(parts)
     counts = Counter(s["reason"] for s in sel.skipped)
     write_jsonl(out / "skipped.jsonl", sel.skipped)
@@ -334,19 +334,19 @@ def run_index(cfg: CanopyConfig, corpus_path: str | Path, out_dir: str | Path, *
     if not sum(plan["shard_rows"]):
         raise IndexJobError(f"corpus {corpus} has no non-blank lines")
     (out / WORK / PARTS).mkdir(exist_ok=True)
-    pending = [k for k, key in enumerate(plan["shard_keys"]) if not _part(out, key).exists()]
+    parts = _parts(out, plan)
+    pending = [k for k, path in enumerate(parts) if not path.exists()]
     log.info("%d input shards, %d already done, %d to compute", n_shards, n_shards - len(pending), len(pending))
     t_embed = time.perf_counter()
     rows_done = 0
     if pending:
         rows_done = _in_ray(ray_address, num_cpus, lambda: _embed_pending(
-            cfg, plan, out, media_root, pending, progress))
+            cfg, plan, out, parts, media_root, pending, progress))
     embed_s = time.perf_counter() - t_embed
-    built = _build(cfg, plan, out)
-    keep = {_part(out, key) for key in plan["shard_keys"]}
-    for path in set((out / WORK / PARTS).glob("part-*.parquet")) - keep:  # shards an update left behind
+    built = _build(cfg, plan, out, parts)
+    for path in set((out / WORK / PARTS).glob("part-*.parquet")) - set(parts):  # shards an update left behind
         path.unlink()
-    summary = built | _throughput([_part(out, plan["shard_keys"][k]) for k in pending], rows_done, embed_s) | {
+    summary = built | _throughput([parts[k] for k in pending], rows_done, embed_s) | {
         "input_lines": int(sum(plan["shard_rows"])), "input_shards": n_shards,
         "shards_resumed": n_shards - len(pending), "shards_computed": len(pending),
         "seconds": round(time.perf_counter() - t_start, 3), "out_dir": str(out)}
