@@ -180,8 +180,8 @@ class Refiner:
             identities = await self.node_encoder.identities.remote()
             from canopy_ray.models.llm.tokens import token_counter
 
-            count = token_counter(self.cfg.llm)  # the reader's tokens, as the ingress counts them
             if self.compressors is None:  # not made by a request that waited beside this one
+                count = token_counter(self.cfg.llm)  # the reader's tokens, as the ingress counts them
                 self.compressors = {(name, store): Compressor.from_config(
                     self.cfg, ident, node_store=self.store if store else None, cache=self.cache,
                     count_tokens=count) for name, ident in identities.items() for store in (True, False)}
