@@ -38,6 +38,11 @@ def split_of_key(key: str, shares: Sequence[float] = SPLIT_SHARES) -> str:
     return "validation" if h < shares[0] + shares[1] else "test"
 
 
+def item_key(item_id: str) -> str:
+    """The document key of an item (:func:`documents`)."""
+    return f"item:{item_id}"
+
+
 def borrowed_candidates(questions: Sequence[Question]) -> set[tuple[str, str]]:
     """``(question id, item id)`` of candidates that are another question's gold item under
     other candidates: distractors drawn from the rest of the set (NQ's), not the question's
@@ -55,8 +60,8 @@ def documents(question: Question, borrowed: set[tuple[str, str]] = frozenset()) 
     """The document keys of a question: its gold items and its own candidates (not the
     ``borrowed`` ones, see :func:`borrowed_candidates`). A question with neither is keyed
     by its own text."""
-    keys = [f"item:{g.item_id}" for g in question.gold]
-    keys += [f"item:{c}" for c in question.candidates if (question.id, c) not in borrowed]
+    keys = [item_key(g.item_id) for g in question.gold]
+    keys += [item_key(c) for c in question.candidates if (question.id, c) not in borrowed]
     return keys or ["question:" + question.question]
 
 

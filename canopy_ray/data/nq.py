@@ -8,9 +8,12 @@ an answer the splitter cut in two gives the shortest window of sentences holding
 answer found -> the whole passage is gold, counted ``answer_not_in_passage``.
 
 ``candidates`` = the gold passage plus ``n_distractors`` other questions' passages, drawn
-with ``random.Random(f"{seed}:{question id}")`` from all distinct passages of the file
-(so one question's draw does not depend on the order of the others) and shuffled with the
-same generator so the gold is not always first. Question ids are ``nq:<record index>``.
+with ``random.Random(f"{seed}:{question id}")`` from the distinct passages of the file that
+fall in the same split as the gold (:func:`canopy_ray.core.splits.split_of_key`: an NQ
+question's split is its gold passage's), so a test question is never shown a passage that
+trained the node encoder; the draw does not depend on the order of the other questions, and
+is shuffled with the same generator so the gold is not always first. Question ids are
+``nq:<record index>``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import random
 from typing import Any, Iterable
 
 from canopy_ray.core.sentences import split_sentences
+from canopy_ray.core.splits import item_key, split_of_key
 from canopy_ray.data.records import BadLine, Malformed, Sink, Value, content_hash, locate_sentences, slug
 
 
@@ -53,6 +57,12 @@ def _parse(index: int, record: Any) -> tuple[dict, dict, list[str]]:
     return question, item, [] if leaves else ["answer_not_in_passage"]
 
 
+def passage_split(pid: str) -> str:
+    """The split of the questions whose gold passage is ``pid``: distractors are other
+    questions' gold passages and do not join groups, so an NQ group is keyed by its gold alone."""
+    return split_of_key(item_key(pid))
+
+
 def draw_candidates(gold_id: str, pool: list[str], qid: str, *, seed: int, n: int) -> list[str]:
     """The gold id plus ``n`` distinct other ids of ``pool`` (fewer if the pool is short), shuffled."""
     rng = random.Random(f"{seed}:{qid}")
@@ -64,9 +74,12 @@ def draw_candidates(gold_id: str, pool: list[str], qid: str, *, seed: int, n: in
 
 def convert_nq(records: Iterable[Any], sink: Sink, *, seed: int = 0, n_distractors: int = 9) -> None:
     parsed = sink.each(enumerate(records), lambda indexed: _parse(*indexed))
-    pool = list(dict.fromkeys(item["id"] for _, item, _ in parsed))
     by_id = {item["id"]: item for _, item, _ in parsed}
+    pools: dict[str, list[str]] = {}  # distinct passages per split, in file order
+    for pid in by_id:
+        pools.setdefault(passage_split(pid), []).append(pid)
     for question, item, unlocated in parsed:
+        pool = pools[passage_split(item["id"])]
         candidates = draw_candidates(item["id"], pool, question["id"], seed=seed, n=n_distractors)
         if len(candidates) < n_distractors + 1:
             sink.note("fewer_distractors_than_asked")

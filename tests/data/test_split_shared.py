@@ -41,6 +41,18 @@ def test_no_document_is_shared_across_splits(converted):
                 assert gold_split.setdefault(g.item_id, splits[q.id]) == splits[q.id]
 
 
+def test_nq_distractors_are_never_gold_passages_of_another_split(converted):
+    # NQ's distractors are other questions' gold passages: drawn within the question's split
+    for name in ("nq", "tatqa"):
+        splits, gold_split = assign_splits(converted[name]), {}
+        for q in converted[name]:
+            for g in q.gold:
+                gold_split[g.item_id] = splits[q.id]
+        leaked = [(q.id, c) for q in converted[name] for c in q.candidates
+                  if gold_split.get(c, splits[q.id]) != splits[q.id]]
+        assert not leaked, (name, len(leaked), leaked[:3])
+
+
 def test_hotpotqa_files_are_one_set(converted):
     # the two files share paragraphs: split apart, 6 questions would change split
     assert len(converted["hotpotqa"]) == 800
