@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -31,8 +31,13 @@ class RetrievalConfig(Section):
                                "approximate, the fp16 codes in nlist lists of which a query scans nprobe")
     nlist: int | None = Field(None, ge=1, description="ivf: lists, trained on a sample at indexing; None = the "
                               "power of two nearest sqrt(items), 1024 at most")
-    nprobe: int = Field(16, ge=1, description="ivf: lists scanned per query (recall against speed; a search "
-                        "setting, changed without re-indexing)")
+    nprobe: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto", description="ivf: lists scanned per query (recall against speed; a search setting, changed "
+                            "without re-indexing); auto: the nprobe `canopy index` measured to reach "
+                            "recall_target (the index manifest's ivf_recall)")
+    recall_target: float = Field(0.95, gt=0, le=1, description="ivf: recall@10 against exact search that "
+                                 "`canopy index` measures on a sample of the index's own vectors; the smallest "
+                                 "nprobe reaching it is recorded in the manifest (what nprobe: auto uses)")
     followup: Literal["topk", "fill"] = Field(
         "topk", description="topk: a follow-up round takes the top k for its query less the items already "
                             "in the evidence (the paper); fill: k items not yet seen")

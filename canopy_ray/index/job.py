@@ -18,8 +18,9 @@ Steps (everything under ``OUT/work`` is resumable state):
    actor pools default to ``max_restarts=-1``, ``max_task_retries=-1``), so the run goes on.
 3. **Build.** From the parts in shard order: bad rows and duplicate ids (the first line
    wins) go to ``report.json`` / ``skipped.jsonl``; the rest fill the FAISS shards, the item
-   table and the node store; the manifest is written last
-   (:mod:`canopy_ray.index.manifest`); ``summary.json`` says what the run did. Every run
+   table and the node store (an ``ivf`` index measures its recall@10 on a sample of its own
+   vectors and records the ``nprobe`` that reaches ``retrieval.recall_target``); the manifest is
+   written last (:mod:`canopy_ray.index.manifest`); ``summary.json`` says what the run did. Every run
    builds again from the parts, so rerunning the job repairs a damaged index in seconds.
    Parts of shards no longer in the corpus are removed after the build.
 """
@@ -41,7 +42,8 @@ from canopy_ray.config import CanopyConfig
 from canopy_ray.core.files import atomic_path, sha256_files, write_json, write_jsonl
 import canopy_ray.index.manifest as manifest
 from canopy_ray.index.ingest import SliceEmbedder, corpus_files, split_corpus
-from canopy_ray.index.writer import IndexWriter, sample_rows
+from canopy_ray.index.shards import RecallProbe, auto_nlist, sample_rows, train_size
+from canopy_ray.index.writer import IndexWriter
 from canopy_ray.models.adapters import model_id
 
 log = logging.getLogger("canopy_ray.index.job")
@@ -243,9 +245,16 @@ def _fill(cfg: CanopyConfig, out: Path, parts: list[Path], sel: _Selection, dim:
     import pyarrow.parquet as pq
 
     r = cfg.retrieval
-    sample = _train_sample(parts, sel, r.nlist) if r.index_type == "ivf" else None
+    sample = probe = None
+    if r.index_type == "ivf":  # both samples read in one pass over the parts
+        train = sample_rows(sel.items, train_size(r.nlist or auto_nlist(sel.items), sel.items))
+        queries = RecallProbe.rows_for(sel.items)
+        rows = np.union1d(train, queries)
+        vecs = _vectors_at(parts, sel, rows)
+        sample = vecs[np.searchsorted(rows, train)]
+        probe = RecallProbe(queries, vecs[np.searchsorted(rows, queries)], r.recall_target)
     writer = IndexWriter(out, count=sel.items, dim=dim, nodes=sel.nodes, index_type=r.index_type,
-                         shards=r.shards, sample=sample, nlist=r.nlist)
+                         shards=r.shards, sample=sample, nlist=r.nlist, recall=probe)
     for path, mask in zip(parts, sel.keep):
         if not mask.any():
             continue
@@ -258,14 +267,11 @@ def _fill(cfg: CanopyConfig, out: Path, parts: list[Path], sel: _Selection, dim:
     return writer
 
 
-def _train_sample(parts: list[Path], sel: _Selection, nlist: int | None) -> np.ndarray:
-    """A random sample of the kept item vectors to train the IVF lists on."""
+def _vectors_at(parts: list[Path], sel: _Selection, rows: np.ndarray) -> np.ndarray:
+    """The item vectors of the kept rows ``rows`` (sorted positions in the index)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from canopy_ray.index.shards import auto_nlist, train_size
-
-    rows = sample_rows(sel.items, train_size(nlist or auto_nlist(sel.items), sel.items))
     out, at = [], 0
     for path, mask in zip(parts, sel.keep):
         n = int(mask.sum())

@@ -2,7 +2,8 @@
 
 Layout written by :mod:`canopy_ray.index.job`::
 
-    DIR/manifest.json         format, model id, dim, count, adapter id, index type, checksums
+    DIR/manifest.json         format, model id, dim, count, adapter id, index type, checksums;
+                              for ivf: nlist and ivf_recall (recall measured, nprobe chosen)
     DIR/shard-000.faiss ...   FAISS shards (rows in item-table order)
     DIR/items.parquet         the item table: id, modality, canonical item JSON
     DIR/nodes.f16.npy, node_spans.npy, node_items.parquet   the node store
@@ -31,6 +32,9 @@ MANIFEST = "manifest.json"
 ITEMS = "items.parquet"
 CONFIG, REBUILD = "index-config.yaml", "rebuild.json"
 FORMAT = "canopy-index/1"
+# An ivf index's measured recall (RecallProbe.tune): {"k", "queries", "seed", "target", "nprobe",
+# "recall", "by_nprobe"}, written by the index writer.
+IVF_RECALL = "ivf_recall"
 
 
 def index_checksum(entries: Sequence[dict], file_digests: Sequence[str]) -> str:
@@ -71,6 +75,19 @@ def read_manifest(root: str | Path) -> dict:
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{path}: unknown index format {manifest.get('format')!r}")
     return manifest
+
+
+def search_nprobe(manifest: dict, nprobe: int | str) -> int | None:
+    """The ``nprobe`` a search of this index runs with: ``nprobe`` when it is a number
+    (``retrieval.nprobe`` set by hand); for ``"auto"``, the one measured at indexing to reach
+    ``retrieval.recall_target`` (``ivf_recall``), or every list (``nlist``: the exact answer over
+    the codes) for an ivf index written before indexing measured it. None for exact index types."""
+    if manifest.get("index_type") != "ivf":
+        return None
+    if nprobe != "auto":
+        return int(nprobe)
+    measured = manifest.get(IVF_RECALL)
+    return int(measured["nprobe"]) if measured else int(manifest["nlist"])
 
 
 def write_job_files(root: str | Path, config: dict, corpus: Path, media_root: Path) -> None:

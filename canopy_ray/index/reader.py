@@ -15,7 +15,7 @@ from canopy_ray.core.errors import CorruptFileError, IndexMismatchError
 from canopy_ray.core.files import sha256_file
 from canopy_ray.core.items import Item, parse_item
 from canopy_ray.index.ids import ItemIds
-from canopy_ray.index.manifest import CONFIG, ITEMS, MANIFEST, read_manifest, rebuild_command
+from canopy_ray.index.manifest import CONFIG, ITEMS, MANIFEST, read_manifest, rebuild_command, search_nprobe
 from canopy_ray.index.node_store import NodeStore
 from canopy_ray.index.shards import ShardedIndex
 
@@ -83,11 +83,12 @@ class CanopyIndex:
 
 
 def load_index(root: str | Path, verify: bool = True, mmap: bool = True, expect=None,
-               nprobe: int | None = None) -> CanopyIndex:
+               nprobe: int | str = "auto") -> CanopyIndex:
     """Open an index directory; ``verify`` checks the shard and item-table checksums against
     the manifest (the node store is checked from its sizes either way); ``mmap`` maps the shards
     and node vectors instead of reading them (processes on one node share one copy); ``nprobe``
-    is the ``ivf`` search knob (``retrieval.nprobe``; FAISS's default 1 when None). ``expect``, a
+    is the ``ivf`` search knob (``retrieval.nprobe``; ``"auto"``: the value measured at indexing,
+    :func:`~canopy_ray.index.manifest.search_nprobe`). ``expect``, a
     :class:`~canopy_ray.config.CanopyConfig`, refuses an index built with another encoder
     (:func:`check_encoder`). Every fault is a :class:`CorruptFileError` naming the file and
     the command that rebuilds the index."""
@@ -97,7 +98,7 @@ def load_index(root: str | Path, verify: bool = True, mmap: bool = True, expect=
         check_encoder(root, manifest, expect)
     try:
         shards = ShardedIndex.load(root, manifest["shards"], manifest["index_type"], verify=verify,
-                                   mmap=mmap).set_nprobe(nprobe)
+                                   mmap=mmap).set_nprobe(search_nprobe(manifest, nprobe))
         if shards.count != manifest["count"]:
             raise CorruptFileError(root / MANIFEST, f"shards hold {shards.count} vectors, it says {manifest['count']}")
         ids = _item_ids(root, manifest, verify)
@@ -153,12 +154,13 @@ def check_encoder(root: str | Path, manifest: dict, cfg) -> None:
                              rebuild_command(root, config="CONFIG", overwrite=True))
 
 
-def load_shard(root: str | Path, shard: int, verify: bool = True, nprobe: int | None = None,
+def load_shard(root: str | Path, shard: int, verify: bool = True, nprobe: int | str = "auto",
                mmap: bool = True) -> ShardedIndex:
-    """One FAISS shard of an index (a Serve replica holding one shard); global positions."""
+    """One FAISS shard of an index (a Serve replica holding one shard); global positions;
+    ``nprobe`` as :func:`load_index`'s."""
     manifest = read_manifest(root)
     try:
         return ShardedIndex.load(root, manifest["shards"][shard:shard + 1], manifest["index_type"], verify=verify,
-                                 mmap=mmap).set_nprobe(nprobe)
+                                 mmap=mmap).set_nprobe(search_nprobe(manifest, nprobe))
     except CorruptFileError as e:
         raise e.with_rebuild(rebuild_command(root)) from None

@@ -71,6 +71,75 @@ def trained(dim: int, index_type: str, sample: np.ndarray | None = None, nlist: 
     return index
 
 
+def sample_rows(total: int, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` distinct row numbers of ``total``, sorted (an ``ivf`` index's training sample, and
+    the queries it measures its recall on)."""
+    n = min(n, total)
+    return np.sort(np.random.default_rng(seed).choice(total, n, replace=False))
+
+
+def recall(found: np.ndarray, exact: np.ndarray) -> float:
+    """Mean share of each query's exact top-k positions (rows of ``exact``) that ``found`` holds."""
+    k = exact.shape[1]
+    return float(np.mean([len(set(f[f >= 0]) & set(e[e >= 0])) / k for f, e in zip(found, exact)])) if len(exact) else 1.0
+
+
+class RecallProbe:
+    """How an ``ivf`` index measures its own recall: ``queries``, the stored vectors of ``rows``
+    (a seeded sample of the index's rows, :func:`sample_rows` with ``RECALL_SEED``), get their
+    exact top-k neighbours (fp32 inner product, as ``IndexFlatIP``) gathered while the rows stream
+    past in order (:meth:`add`); :meth:`tune` then finds the smallest ``nprobe`` whose recall@k
+    against them reaches ``target``. A query is a row of the index, so its own row is left out
+    of both lists (it would be a free hit): recall is over its k nearest other rows."""
+
+    K, QUERIES, SEED = 10, 300, 1
+
+    def __init__(self, rows: np.ndarray, queries: np.ndarray, target: float):
+        self.rows = np.asarray(rows, np.int64)
+        self.queries = np.ascontiguousarray(queries, dtype=np.float32)
+        self.target = float(target)
+        self._scores = np.zeros((len(self.rows), 0), np.float32)
+        self._positions = np.zeros((len(self.rows), 0), np.int64)
+
+    @classmethod
+    def rows_for(cls, count: int) -> np.ndarray:
+        return sample_rows(count, cls.QUERIES, cls.SEED)
+
+    def add(self, vectors: np.ndarray, start: int) -> None:
+        """Rows ``start .. start+len(vectors)`` of the index: keep each query's exact top-(k+1)."""
+        if not len(vectors) or not len(self.rows):
+            return
+        d, i = faiss.knn(self.queries, np.ascontiguousarray(vectors, dtype=np.float32),
+                         min(self.K + 1, len(vectors)), metric=faiss.METRIC_INNER_PRODUCT)
+        self._scores, self._positions = merge_topk([self._scores, d], [self._positions, i + start], self.K + 1)
+
+    def _others(self, positions: np.ndarray) -> np.ndarray:
+        """Each query's top-k positions other than its own row."""
+        return np.stack([p[p != r][:self.K] for p, r in zip(positions, self.rows)])
+
+    def tune(self, index: "ShardedIndex") -> dict:
+        """Set ``index`` to the smallest ``nprobe`` reaching the target (every list when none
+        does) and return the record the manifest keeps. Recall grows with ``nprobe`` (more lists
+        scanned, more candidates), so a binary search over 1..nlist finds it in ~log2(nlist) searches."""
+        exact = self._others(self._positions)
+        nlist = index.shards[0].nlist
+        measured: dict[int, float] = {}
+
+        def at(p: int) -> float:
+            if p not in measured:
+                measured[p] = recall(self._others(index.set_nprobe(p).search(self.queries, self.K + 1)[1]), exact)
+            return measured[p]
+
+        lo, hi = 1, nlist
+        if at(hi) >= self.target:
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if at(mid) >= self.target else (mid + 1, hi)
+        index.set_nprobe(hi)
+        return {"k": self.K, "queries": len(self.rows), "seed": self.SEED, "target": self.target, "nprobe": hi,
+                "recall": round(at(hi), 4), "by_nprobe": {str(p): round(r, 4) for p, r in sorted(measured.items())}}
+
+
 def set_nprobe(shard: faiss.Index, nprobe: int | None) -> None:
     """The IVF search knob (lists scanned per query); other shard kinds have none."""
     if nprobe is not None and isinstance(shard, faiss.IndexIVF):
@@ -126,15 +195,26 @@ class ShardedIndex:
 
     @classmethod
     def build(cls, vectors: np.ndarray, n_shards: int = 1, index_type: str = "sq_fp16", nlist: int | None = None,
-              seed: int = 0) -> "ShardedIndex":
+              seed: int = 0, recall_target: float | None = None) -> "ShardedIndex":
+        """An index of ``vectors`` in memory. An ``ivf`` index measures its recall as the index
+        job's does (:class:`RecallProbe`) and is left at the smallest ``nprobe`` reaching
+        ``recall_target`` (default: ``retrieval.recall_target``'s); the record is ``.ivf_recall``."""
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         sample = None
         if index_type == "ivf":
             nlist = nlist or auto_nlist(len(vectors))
-            pick = np.random.default_rng(seed).choice(len(vectors), train_size(nlist, len(vectors)), replace=False)
-            sample = vectors[np.sort(pick)]
+            sample = vectors[sample_rows(len(vectors), train_size(nlist, len(vectors)), seed)]
         index = cls.empty(vectors.shape[1], shard_bounds(len(vectors), n_shards), index_type, sample, nlist)
         index.add(vectors, 0)
+        if index_type == "ivf":
+            if recall_target is None:
+                from canopy_ray.config import RetrievalConfig
+
+                recall_target = RetrievalConfig().recall_target
+            rows = RecallProbe.rows_for(len(vectors))
+            probe = RecallProbe(rows, vectors[rows], recall_target)
+            probe.add(vectors, 0)
+            index.ivf_recall = probe.tune(index)
         return index
 
     def set_nprobe(self, nprobe: int | None) -> "ShardedIndex":

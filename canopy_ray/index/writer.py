@@ -5,7 +5,9 @@ The index job calls :class:`IndexWriter` once its items are embedded (``job._fil
 Rows arrive in chunks, in item-table order. Exact shards (``sq_fp16``, ``flat``) stream to their
 files as the rows arrive (:class:`~canopy_ray.index.shards.ShardFile`), so building holds one
 chunk in memory; an ``ivf`` shard is held until its last row, then written and released (one
-shard in memory, never the whole index). Node vectors go straight to their memory-mapped file. The manifest is written last
+shard in memory, never the whole index). Node vectors go straight to their memory-mapped file. An
+``ivf`` index measures its recall as its rows pass (:class:`~canopy_ray.index.shards.RecallProbe`) and
+records it with the ``nprobe`` chosen. The manifest is written last
 (:func:`canopy_ray.index.manifest.write_manifest`): until then the directory is not an index.
 """
 
@@ -17,16 +19,18 @@ import numpy as np
 from canopy_ray.core.files import atomic_path
 import canopy_ray.index.manifest as manifest
 from canopy_ray.index.node_store import NodeStoreWriter
-from canopy_ray.index.shards import ShardFile, save_shard, shard_bounds, shard_file, trained
+from canopy_ray.index.shards import RecallProbe, ShardedIndex, ShardFile, save_shard, shard_bounds, shard_file, trained
 
 
 class IndexWriter:
     """``count`` items of dimension ``dim`` in ``shards`` contiguous FAISS shards of
     ``index_type``; ``nodes`` cached node vectors in all (0: no node store contents, every node
-    is encoded online). An ``ivf`` index needs ``sample``, item vectors to train its lists on."""
+    is encoded online). An ``ivf`` index needs ``sample``, item vectors to train its lists on, and
+    ``recall``, the probe it measures its recall with (the vectors of ``RecallProbe.rows_for(count)``)."""
 
     def __init__(self, out_dir: str | Path, *, count: int, dim: int, nodes: int = 0, index_type: str = "sq_fp16",
-                 shards: int = 1, sample: np.ndarray | None = None, nlist: int | None = None):
+                 shards: int = 1, sample: np.ndarray | None = None, nlist: int | None = None,
+                 recall: RecallProbe | None = None):
         import faiss
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -34,7 +38,9 @@ class IndexWriter:
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         manifest.clear(self.out)
-        self.count, self.dim, self.index_type = count, dim, index_type
+        if index_type == "ivf" and recall is None:
+            raise ValueError("an ivf index measures its recall on a sample of its own vectors; no RecallProbe was given")
+        self.count, self.dim, self.index_type, self.recall = count, dim, index_type, recall
         self.bounds = shard_bounds(count, shards)
         self._template = trained(dim, index_type, sample, nlist)
         self.nlist = int(self._template.nlist) if isinstance(self._template, faiss.IndexIVF) else None
@@ -57,7 +63,10 @@ class IndexWriter:
         n = len(vectors)
         if self.at + n > self.count:
             raise ValueError(f"{self.at + n} items written, the writer was opened for {self.count}")
-        self._add_vectors(np.ascontiguousarray(vectors, dtype=np.float32))
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        self._add_vectors(vectors)
+        if self.recall is not None:
+            self.recall.add(vectors, self.at)
         self._items.write_table(pa.table({"id": ids, "modality": modalities, "item": items}))
         if node_counts is not None:
             self.nodes.add_many(ids, np.asarray(node_counts), node_spans, node_vectors)
@@ -105,13 +114,9 @@ class IndexWriter:
         body = {**fields, "dim": self.dim, "count": self.count, "nodes": node_entry["nodes"],
                 "index_type": self.index_type, "metric": "inner_product", "shards": self.entries,
                 "node_store": node_entry, "items": manifest.ITEMS}
-        if self.nlist is not None:
+        if self.nlist is not None:  # the shards as written, mapped: the searches a load will run
             body["nlist"] = self.nlist
+            body[manifest.IVF_RECALL] = self.recall.tune(ShardedIndex.load(self.out, self.entries, "ivf",
+                                                                           verify=False, mmap=True))
         manifest.write_manifest(self.out, body)
         return manifest.read_manifest(self.out)
-
-
-def sample_rows(total: int, n: int, seed: int = 0) -> np.ndarray:
-    """``n`` distinct row numbers of ``total``, sorted (the training sample of an ``ivf`` index)."""
-    n = min(n, total)
-    return np.sort(np.random.default_rng(seed).choice(total, n, replace=False))

@@ -218,7 +218,7 @@ class Refiner:
 class ShardSearcher:
     """One FAISS shard of the index; returns global positions."""
 
-    def __init__(self, index_dir: str, shard: int, nprobe: int | None = None):
+    def __init__(self, index_dir: str, shard: int, nprobe: int | str = "auto"):
         from canopy_ray.index import load_shard
         from canopy_ray.index.shards import to_gpus
 
@@ -232,7 +232,7 @@ class ShardSearcher:
 class Retriever:
     """Top-k item search over the unified index and item fetch by id."""
 
-    def __init__(self, index_dir: str | None, shard_searchers: list | None = None, nprobe: int | None = None):
+    def __init__(self, index_dir: str | None, shard_searchers: list | None = None, nprobe: int | str = "auto"):
         from canopy_ray.index import load_index
 
         # Without an index the deployment still exists (so one Serve YAML fits both cases);

@@ -172,6 +172,10 @@ def test_auto_nlist_is_near_sqrt_and_capped():
 
 def test_config_selects_index_type_and_nprobe():
     assert load_config(CPU_YAML).retrieval.index_type == "sq_fp16"  # the paper's form stays the default
+    r = load_config(CPU_YAML).retrieval
+    assert (r.nprobe, r.recall_target) == ("auto", 0.95)  # the nprobe the index measured for this target
+    with pytest.raises(ConfigError, match="nprobe"):
+        load_config(None, retrieval={"nprobe": 0})
     r = load_config(None, retrieval={"index_type": "ivf", "nlist": 64, "nprobe": 8}).retrieval
     assert (r.index_type, r.nlist, r.nprobe) == ("ivf", 64, 8)
     with pytest.raises(ConfigError, match="index_type"):
