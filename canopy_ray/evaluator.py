@@ -29,6 +29,7 @@ from typing import Callable
 from canopy_ray.eval.methods import parse_methods
 from canopy_ray.core.files import write_json
 from canopy_ray.eval.runs import Runner, comparison, load_eval_set
+from canopy_ray.models.llm.endpoint import llm_override
 
 
 def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, methods="canopy",
@@ -64,7 +65,7 @@ def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, me
             raise ValueError("the open setting needs --index")
         from canopy_ray.index import load_index
 
-        idx = load_index(index)
+        idx = load_index(index, nprobe=cfg.retrieval.nprobe)  # Serve's search knob, from the same config
     runner = Runner(cfg, client, encoder=encoder, index=idx)
     base = runner.base_settings()
     runs, paths = {}, []
@@ -123,19 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a canopy run JSON (same sample and settings) for random/flat_matched to replay")
     p.add_argument("--out", required=True, help="FILE.json (one method) or a folder")
     return p
-
-
-def llm_override(url: str | None, model: str | None) -> dict:
-    """The config override for ``--llm-url``/``--llm-model`` (as ``canopy quickstart`` has)."""
-    from canopy_ray.config import ConfigError
-
-    if model and not url:
-        raise ConfigError("--llm-model needs --llm-url (the OpenAI-compatible server that serves it)")
-    if not url:
-        return {}
-    from canopy_ray.quickstart import reader_override
-
-    return {"llm": reader_override(url, model)}
 
 
 def _question_progress(i: int, n: int) -> None:

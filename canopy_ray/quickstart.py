@@ -22,12 +22,13 @@ from pathlib import Path
 import httpx
 
 from canopy_ray.compressor import ItemResult, format_forest
-from canopy_ray.config import CanopyConfig, ConfigError, load_config
+from canopy_ray.config import CanopyConfig, load_config
 from canopy_ray.core.evidence import node_text
 from canopy_ray.core.files import write_json, write_text
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import Item, parse_question
 from canopy_ray.core.metrics import answer_recall, normalize_answer
+from canopy_ray.models.llm.endpoint import reader_override  # noqa: F401 (the quickstart's --llm-url)
 
 SAMPLE = resources.files("canopy_ray") / "assets" / "sample"
 # One question per source (HotpotQA, NQ, TAT-QA) and one for the media items.
@@ -72,22 +73,6 @@ def reader_label(cfg: CanopyConfig) -> str:
     if cfg.llm.backend == "local":
         return LOCAL_READER
     return f"{cfg.llm.model or 'default model'} at {cfg.llm.url}"
-
-
-def reader_override(url: str, model: str | None = None, timeout: float = 10.0) -> dict:
-    """The ``llm`` config section for an OpenAI-compatible server at ``url`` (ending in ``/v1``)
-    as reader and critic. Without ``model``, the first model the server lists at ``/models``."""
-    url = url.rstrip("/")
-    if not model:
-        try:
-            r = httpx.get(f"{url}/models", timeout=timeout)
-            r.raise_for_status()
-            model = r.json()["data"][0]["id"]
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
-            raise ConfigError(f"cannot list the models at {url}/models ({type(e).__name__}: {e}): check that "
-                              "the server runs there (its base URL ends in /v1), or name the model with "
-                              "--llm-model") from None
-    return {"backend": "openai", "url": url, "model": model}
 
 
 def judge_answer(response: dict, evidence: str) -> tuple[str | None, str]:

@@ -238,7 +238,7 @@ class PointWorker:
         if path not in self._indexes:
             from canopy_ray.index import load_index
 
-            self._indexes[path] = load_index(path)
+            self._indexes[path] = load_index(path, nprobe=self.cfg.retrieval.nprobe)
         return self._indexes[path]
 
     def run_point(self, p: dict) -> dict:
@@ -356,7 +356,7 @@ def main(argv=None) -> int:
     import ray
 
     from canopy_ray.config import ConfigError
-    from canopy_ray.evaluator import llm_override
+    from canopy_ray.models.llm.endpoint import llm_override
 
     args = build_parser().parse_args(argv)
     try:

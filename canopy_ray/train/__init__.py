@@ -8,7 +8,8 @@
 - :mod:`canopy_ray.train.loop`: the per-worker Ray Train loop (resumable);
 - :mod:`canopy_ray.train.validation`: checkpoints chosen on validation without losing recall;
 - :mod:`canopy_ray.train.qwen`: the same loop for Qwen3-VL-Embedding (GPU recipe);
+- :mod:`canopy_ray.train.fit`: one Ray Train run (:func:`~canopy_ray.train.fit.train`), resumable;
 - :mod:`canopy_ray.train.compare`: short recipes compared on validation.
 
-The verb is :func:`canopy_ray.trainer.train`.
+The verb over them is :mod:`canopy_ray.trainer` (``canopy train``).
 """

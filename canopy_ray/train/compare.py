@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-# The recipes of issue 12 (learning rate, LoRA depth, training tokens), all with warm-up and
-# linear decay; the first three differ in the learning rate only.
+# The recipes compared (learning rate, LoRA depth, training tokens), all with warm-up and
+# linear decay unless they say otherwise; the first three differ in the learning rate only.
 RECIPES = {
     "lr5e-5": {"lr": 5e-5},
     "lr1e-4": {"lr": 1e-4},
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     from canopy_ray.config import load_config
     from canopy_ray.core.files import write_json, write_text
     from canopy_ray.data.sets import SHARED_SETS, default_shared_root, prepare_shared
-    from canopy_ray.trainer import train
+    from canopy_ray.train.fit import train
 
     p = argparse.ArgumentParser(prog="python -m canopy_ray.train.compare", description=__doc__)
     p.add_argument("--config", default="configs/cpu.yaml")
