@@ -1,6 +1,6 @@
 """CANOPY.md section 6: an independent implementation's numbers for frozen all-MiniLM-L6-v2 on
 the gold paragraphs (>= 2 sentences) of HotpotQA dev700, B = 2, node text ``title: sentences``.
-This backs the README's "Checked against the reference" table."""
+This backs the "Checked against the reference" table of docs/evaluation.md."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""The README's cluster commands, run as written against a real local head node (Ray token
+"""docs/cluster.md's commands, run as written against a real local head node (Ray token
 authentication on): ``ray start --head``, ``ray job submit`` of the index job, ``serve run
 configs/serve.yaml`` on that index, ``ray stop``.
 
@@ -34,7 +34,7 @@ from local_cluster import free_ports  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "index" / "corpus.jsonl"
 
-# The README's cluster section, command by command (checked against the README below).
+# docs/cluster.md's one-machine block, command by command (checked against the page below).
 DOCUMENTED = [
     "ray get-auth-token --generate > /dev/null",
     "export RAY_AUTH_MODE=token",
@@ -58,11 +58,11 @@ pytestmark = [
 ]
 
 
-def test_readme_shows_this_sequence():
-    readme = shell_text(ROOT / "README.md")
+def test_the_page_shows_this_sequence():
+    page = shell_text(ROOT / "docs" / "cluster.md")
     for cmd in DOCUMENTED:
         cmd = cmd.replace('"$CORPUS"', "/abs/path/corpus.jsonl").replace('"$OUT/index"', "/abs/path/runs/index")
-        assert cmd in readme, cmd
+        assert cmd in page, cmd
 
 
 def test_cluster_commands_as_documented():
@@ -70,7 +70,7 @@ def test_cluster_commands_as_documented():
     try:
         gcs, dash, agent, agent_grpc, env_agent, metrics, nm, om, client, http = free_ports(10)
         serve_cfg = yaml.safe_load((ROOT / "configs" / "serve.yaml").read_text())
-        serve_cfg["applications"][0]["args"]["index_dir"] = str(work / "index")  # as the README says
+        serve_cfg["applications"][0]["args"]["index_dir"] = str(work / "index")  # as the page says
         serve_cfg["http_options"]["port"] = http
         (work / "serve.yaml").write_text(yaml.safe_dump(serve_cfg))
         isolate = (f"--temp-dir {work}/ray --port {gcs} --dashboard-port {dash} --dashboard-agent-listen-port {agent} "
