@@ -23,12 +23,13 @@ transformers bring both). Never imports Ray, vLLM or FAISS. Rows:
 
 Prints a markdown table; exits 1 when any check fails (a crash in a section is a failed row),
 2 when CUDA or a required module is missing. ``--export-minilm DIR`` writes an fp16 copy of the
-packaged MiniLM (about 45 MB, under the 64 MB a device run may carry) and exits. A device run:
+packaged MiniLM (about 45 MB, half the fp32 files) and exits. For a GPU machine without network
+access, prepare a folder on a machine that has it and copy the folder over:
 
-    python scripts/gpu_check.py --export-minilm runs/carry/minilm-fp16                  # here
-    pip download --no-deps --only-binary :all: -d runs/carry/wheels pillow             # here
-    pip install --no-index runs/carry/wheels/*.whl                                     # there,
-    python scripts/gpu_check.py --minilm-dir runs/carry/minilm-fp16                    # carrying runs/carry
+    python scripts/gpu_check.py --export-minilm runs/carry/minilm-fp16                  # with network
+    pip download --no-deps --only-binary :all: -d runs/carry/wheels pillow             # with network
+    pip install --no-index runs/carry/wheels/*.whl                                     # on the GPU machine,
+    python scripts/gpu_check.py --minilm-dir runs/carry/minilm-fp16                    # runs/carry copied over
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # a plain checkout on the device machine: nothing pip-installed
+sys.path.insert(0, str(ROOT))  # a plain checkout on the GPU machine: nothing pip-installed
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -61,9 +61,9 @@ def test_cpu_smoke_run_passes_and_loads_no_ray_faiss_vllm():
 
 
 @pytest.mark.integration
-def test_fp16_minilm_copy_fits_the_carry_limit_and_encodes_alike(tmp_path):
-    """--export-minilm writes a copy under 64 MB that --minilm-dir can use: same vectors as the
-    packaged fp32 model to fp16 rounding."""
+def test_fp16_minilm_copy_is_small_and_encodes_alike(tmp_path):
+    """--export-minilm writes a copy under 64 MB (to copy to a GPU machine without network) that
+    --minilm-dir can use: same vectors as the packaged fp32 model to fp16 rounding."""
     from canopy_ray.models.encoder import TextEncoder
 
     proc = run_script("--export-minilm", str(tmp_path / "minilm"))

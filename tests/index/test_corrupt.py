@@ -1,4 +1,4 @@
-"""Corrupt state (issue 16): a torn manifest, a shard that fails its checksum, a truncated node
+"""Corrupt state: a torn manifest, a shard that fails its checksum, a truncated node
 store and an index built for another adapter each fail at load with an error that names the
 file and the command that rebuilds the index; that command, run as printed, rebuilds it.
 

@@ -1,4 +1,4 @@
-"""Kill -9 during the index job (issue 16): the real job as a user starts it
+"""Kill -9 during the index job: the real job as a user starts it
 (``python jobs/index.py``, its own local Ray), sent real SIGKILLs.
 
 - The driver's process group killed when some but not all input shards are on disk: the

@@ -1,4 +1,4 @@
-"""A whole worker node lost mid-job (issue 23): the index job on a head and two worker nodes
+"""A whole worker node lost mid-job: the index job on a head and two worker nodes
 (``benchmarks/local_cluster.py``: one ``ray start`` per node on 127.0.0.1, token auth on), its
 two embedding actors spread one per worker; worker-1 is then SIGKILLed, every process of it
 (raylet, agents, the embedding actor's worker) at once.

@@ -1,4 +1,4 @@
-"""Serve across nodes, a worker node lost under load (issue 23): the application (configs/cpu.yaml's,
+"""Serve across nodes, a worker node lost under load: the application (configs/cpu.yaml's,
 no LLM: /v1/compress) deployed with ``serve deploy`` on a head and two worker nodes on 127.0.0.1
 (``benchmarks/local_cluster.py``), two replicas of each model deployment spread over the workers,
 the Ingress beside the HTTP proxy on the head. Under load at concurrency 4, worker-1 is

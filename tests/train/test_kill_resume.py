@@ -1,4 +1,4 @@
-"""Kill -9 during training (issue 16): ``python jobs/train.py`` (= ``canopy train``) as a user
+"""Kill -9 during training: ``python jobs/train.py`` (= ``canopy train``) as a user
 starts it, with its own local Ray, on a tiny data set with the packaged MiniLM, checkpointing
 every 2 steps. Every process of the run is SIGKILLed once Ray Train has registered a
 checkpoint; the same command again must continue from the newest registered checkpoint

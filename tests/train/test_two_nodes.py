@@ -1,4 +1,4 @@
-"""Ray Train over several nodes (issue 23): f_theta's LoRA trained by 2 data-parallel workers on
+"""Ray Train over several nodes: f_theta's LoRA trained by 2 data-parallel workers on
 worker nodes of 1 CPU each (``benchmarks/local_cluster.py``; one Ray Train worker fits a node)
 against 1 worker on the same cluster, and the 2-worker run loses a node mid-run: one worker node
 holding a Train worker is SIGKILLed (raylet and every process on it) once a checkpoint is
