@@ -4,7 +4,8 @@
   it was built with (a "device run", "helpers' tests", "what we aimed for", a copy limit of the
   machine a check ran on), or holds an absolute home or work path. Upstream issues of other
   projects may be cited by their full name (``ray-project/ray#123``, a github.com URL).
-- The README is short: at most 250 lines, the two commands in its first 30, every docs page linked.
+- The README is short: at most 250 lines, the two commands in its first 30, every docs page
+  linked; its quickstart output is the recorded run's.
 - Every shell block on a docs page is run by something named right before it ("Run by `PATH`."),
   or marked with what it needs ("Needs a GPU.", "Needs several machines."), or the page's
   introduction names the test that runs its command blocks. A test named so must name the page.
@@ -92,6 +93,21 @@ def test_readme_is_short_and_links_every_docs_page():
     text = "\n".join(lines)
     pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
     assert pages and [p for p in pages if f"(docs/{p})" not in text] == []
+
+
+def test_readme_quickstart_output_is_the_recorded_run():
+    """The README's quickstart output is pasted from results/quickstart/output.txt: every line of
+    its block but the "..." that trims it is a line of that file, in the file's order."""
+    text = (ROOT / "README.md").read_text()
+    assert "results/quickstart/output.txt" in text
+    block = text.split("\n```\n[1/3] ", 1)[1].split("\n```", 1)[0].splitlines()
+    recorded = (ROOT / "results" / "quickstart" / "output.txt").read_text().splitlines()
+    at = 0
+    for line in ["[1/3] " + block[0]] + block[1:]:
+        if line.strip() in ("", "..."):
+            continue
+        assert line in recorded[at:], line
+        at = recorded.index(line, at) + 1
 
 
 FENCE = re.compile(r"^```(\w*)\s*$")
