@@ -44,7 +44,7 @@ async def _load(url: str, bodies: list[str], concurrency: int) -> dict:
                 t0 = time.perf_counter()
                 r = await client.post(url, content=body, headers={"content-type": "application/json"})
                 if r.status_code in (429, 503) and "retry-after" in r.headers:
-                    shed[0] += 1  # refused at once past the configured queues (README: Failure behaviour)
+                    shed[0] += 1  # refused at once past the configured queues (docs/operations.md: Failure behaviour)
                     continue
                 r.raise_for_status()
                 latencies.append(time.perf_counter() - t0)
