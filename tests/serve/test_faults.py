@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from faults import kill_under_load, load, probe_body  # noqa: E402
+from faults import Reply, kill_under_load, load, merged, probe_body, sections, tally  # noqa: E402
 
 from tests.serve.conftest import app_beside, free_port  # noqa: E402
 
@@ -64,13 +64,18 @@ def test_a_dead_llm_still_answers_with_the_evidence_and_a_reason(faults):
 
 @pytest.mark.integration
 def test_a_burst_past_capacity_gets_only_200_or_json_429_503(faults):
-    replies = asyncio.run(load(faults + "/v1/compress", _compress_bodies(40, "burst"), 40, HANG_S))
+    """300 requests at once, far past ``serve.max_inflight`` (12): every one shed is shed by the
+    Ingress, as JSON with a reason. Were the Ingress's own Serve queue bounded, requests still
+    waiting to be assigned to it would fill that queue first, and Serve's proxy would answer them
+    with its text/plain 503."""
+    replies = asyncio.run(load(faults + "/v1/compress", _compress_bodies(300, "burst"), 300, HANG_S))
     statuses = Counter(r.status for r in replies)
     assert set(statuses) <= {200, 429, 503}, statuses  # no hang ("hung"), reset or 500
-    assert statuses[200] >= 1 and statuses[429] + statuses[503] >= 1, statuses  # capacity was passed
-    for r in replies:
-        if r.status != 200:
-            assert r.json_reason == "overloaded" and r.retry_after == "3"
+    assert statuses[200] >= 1 and statuses[429] + statuses[503] >= 100, statuses  # capacity was passed
+    shed = [r for r in replies if r.status != 200]
+    not_json = Counter((r.status, r.content_type) for r in shed if r.json_reason is None)
+    assert not not_json, not_json
+    assert all(r.json_reason == "overloaded" and r.retry_after == "3" for r in shed)
 
 
 @pytest.mark.integration
@@ -111,6 +116,25 @@ def test_faults_map_to_json_errors_with_reasons():
                                                                                                   "internal_error")
     with pytest.raises(KeyError):  # not a fault of another deployment: a bug, for the JSON 500 handler
         fault_error("compress", KeyError("x"), 2.0)
+
+
+def test_the_faults_table_counts_answers_that_are_not_json_and_keeps_the_parts_not_run():
+    json_503 = Reply(503, 0.0, 0.1, "overloaded", "2", None, "application/json")
+    proxy_503 = Reply(503, 0.0, 0.1, None, "2", None, "text/plain; charset=utf-8")  # Serve's proxy
+    t = tally([Reply(200, 0.0, 1.0, None, None, {}), json_503, proxy_503, Reply("hung", 0.0, 9.0, None, None)])
+    assert (t["ok"], t["failed"], t["not_json"], t["hung"]) == (1, {"503": 2, "hung": 1}, 2, 1)
+    assert t["not_json_types"] == {"text/plain; charset=utf-8": 1}  # a hang has no content type
+    llm = {"fault": "LLM down", **tally([json_503]), "recover_s": 0.1, "null_answers": 0, "with_evidence": 0,
+           "llm_failures": 0, "answer_errors": {}}
+    first = merged("", sections({"llm": [llm]}, "Measured by A."))
+    again = {**llm, "fault": "LLM down again"}
+    second = merged(first, sections({"llm": [again]}, "Measured by B."))
+    assert "LLM down again" in second and "Measured by A." not in second
+    kill = {"fault": "kill", **tally([json_503]), "recover_s": 1.0, "in_flight": 1, "retried": 1,
+            "restarted_s": 0.5, "p99_before": None, "p99_in_flight": None}
+    third = merged(second, sections({"kill": kill}, "Measured by C."))
+    assert "Measured by B." in third and "Measured by C." in third  # the llm section kept
+    assert third.index("## A replica killed") < third.index("## A dead or misbehaving LLM")
 
 
 def test_model_health_probes_after_a_failure_and_when_idle():
