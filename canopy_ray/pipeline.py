@@ -124,7 +124,7 @@ class Answer:
 
     @property
     def evidence_body(self) -> str:
-        """The reader's evidence without the items' titles."""
+        """The reader's evidence without the pieces' heads (titles, table header rows)."""
         return evidence_body(self.evidence)
 
     def to_dict(self) -> dict:
@@ -134,7 +134,7 @@ class Answer:
             "question": self.question, "answer": None if self.answer_error and not self.answer else self.answer,
             "answer_error": self.answer_error, "rounds": self.rounds, "queries": self.queries,
             "retrieved": self.retrieved,
-            # ``text`` starts with ``head``, the item's title
+            # ``text`` starts with ``head``: the item's title, and a table's header row
             "evidence": [{"item_id": p.item_id, "modality": p.modality, "spans": [list(s) for s in p.spans],
                           "round": p.round, "text": p.text, "head": p.head} for p in self.evidence],
             "llm_calls": dict(self.llm_calls), "llm_calls_total": sum(self.llm_calls.values()),

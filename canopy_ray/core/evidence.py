@@ -55,8 +55,14 @@ def _video_line(tree: ItemTree, span: Span) -> str:
 
 
 def head(item) -> str:
-    """What a piece of ``item`` starts with before its content: the item's title (the name a
-    reader sees, never evidence of its own; answer recall over the body leaves it out)."""
+    """What every piece of ``item`` starts with, whatever was kept: the item's title and, for a
+    table, its header row (every node of a table repeats it). A method cannot drop it, so it is
+    never evidence of the method's: answer recall reads the :attr:`Piece.body`, which leaves it
+    out, and a question whose answer occurs in a shown head is not informative
+    (:func:`canopy_ray.core.metrics.informative`)."""
+    if isinstance(item, TableItem):
+        header = " | ".join(item.header)
+        return f"{item.title}\n{header}" if item.title else header
     if not item.title:
         return ""
     if isinstance(item, TextItem):
@@ -71,11 +77,9 @@ def _render(tree: ItemTree, spans: Sequence[Span]) -> str:
     if isinstance(item, TextItem):
         parts = [" ".join(s.strip() for s in item.sentences[a:b] if s.strip()) for a, b in spans]
         return head(item) + GAP.join(p for p in parts if p)
-    if isinstance(item, TableItem):
-        lines = [" | ".join(item.header)]
-        if spans:
-            lines.append(ROW_GAP.join("\n".join(" | ".join(r) for r in item.rows[a:b]) for a, b in spans))
-        return head(item) + "\n".join(lines)
+    if isinstance(item, TableItem):  # the head ends with the header row
+        rows = ROW_GAP.join("\n".join(" | ".join(r) for r in item.rows[a:b]) for a, b in spans)
+        return head(item) + (f"\n{rows}" if spans else "")
     if isinstance(item, ImageItem):
         caption = f": {item.caption}" if item.caption else ""
         return f"{head(item)}{caption} [image {item.path}]"
@@ -133,7 +137,8 @@ class Piece:
     """The kept regions of one item, added to the evidence in round ``round``.
 
     ``spans`` are the kept spans; ``text`` and ``media`` show them as :func:`shown_spans` lays
-    them out; ``text`` starts with ``head`` (the title), and the rest is the :attr:`body`."""
+    them out; ``text`` starts with ``head`` (:func:`head`: the title, and a table's header row),
+    and the rest is the :attr:`body`."""
 
     item_id: str
     modality: str
@@ -145,8 +150,9 @@ class Piece:
 
     @property
     def body(self) -> str:
-        """The text without its title ("" when a cut left only part of the title)."""
-        return self.text[len(self.head):] if self.text.startswith(self.head) else ""
+        """The text without its head: what the method chose to show ("" when a cut to the
+        reader cap left only part of the head)."""
+        return self.text[len(self.head):].removeprefix("\n") if self.text.startswith(self.head) else ""
 
 
 def piece(tree: ItemTree, spans: Sequence[Span], round: int = 1) -> Piece:
@@ -166,7 +172,8 @@ def render_evidence(pieces: Sequence[Piece]) -> str:
 
 
 def evidence_body(pieces: Sequence[Piece]) -> str:
-    """The evidence without the pieces' titles: what answer recall reads."""
+    """The evidence without the pieces' heads (titles, table header rows): what answer recall
+    reads."""
     return PIECE_SEP.join(p.body for p in pieces)
 
 

@@ -51,20 +51,57 @@ def accuracy(prediction: str, answer: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(answer))
 
 
+SHORT = 2  # answers of at most this many characters (normalised) match whole tokens only
+_TOKEN = re.compile(r"[^\s|]+")  # evidence tokens: whitespace and table cell bars split them
+_OPEN, _CLOSE = "([{$€£+-−–\"'“‘", ")]}%,.;:!?\"'”’"
+_NUMBER = re.compile(r"\d+(?:\.\d+)?|\.\d+")
+
+
+def is_short(answer: str) -> bool:
+    """An answer of one or two characters once normalised ("4", "-7", "0.4", "U.S."): a
+    substring of almost any table or text, so it is found only as a whole token."""
+    return 0 < len(normalize_answer(answer)) <= SHORT
+
+
+def _token_key(token: str) -> float | str:
+    """A token as a short answer is compared: signs, brackets, currency and trailing
+    punctuation stripped; a number by its value ("(4)", "$4", "4%", "4.0" -> 4.0), anything
+    else in lower case ("U.S." -> "u.s", never "us")."""
+    t = token.lstrip(_OPEN).rstrip(_CLOSE)
+    plain = t.replace(",", "")
+    return float(plain) if _NUMBER.fullmatch(plain) else t.lower()
+
+
+def answer_found(evidence: str, answer: str) -> bool:
+    """Whether one gold answer occurs in ``evidence``: as whole words of the normalised
+    evidence, or, for a :func:`is_short` answer, as one whole token (a number or a cell):
+    "4" is found in "4", "(4)" or "| 4 |", never in "2014", "40", "1.4" or "4.5"."""
+    norm = normalize_answer(answer)
+    if not norm:
+        return False
+    if is_short(answer):
+        key = _token_key("".join(answer.split()))
+        return any(_token_key(t) == key for t in _TOKEN.findall(evidence))
+    return f" {norm} " in f" {normalize_answer(evidence)} "
+
+
 def answer_recall(evidence: str, answers: Iterable[str]) -> float:
-    """1 when a normalised gold answer occurs in the normalised evidence (reader-free check)."""
-    ev = f" {normalize_answer(evidence)} "
-    return float(any(normalize_answer(a) and f" {normalize_answer(a)} " in ev for a in answers))
+    """1 when a gold answer occurs in the evidence (:func:`answer_found`), a reader-free check.
+    Several gold answers count as found when **any** of them is: the question form does not
+    tell alternative answers (NQ) from the spans of a multi-span answer (TAT-QA), so a
+    multi-span question counts as found when one of its spans is."""
+    return float(any(answer_found(evidence, a) for a in answers))
 
 
-def informative(answers: Iterable[str], titles: Iterable[str]) -> bool:
-    """Whether answer recall can tell evidence apart on a question: no gold answer is yes/no
-    (found in almost no text) and none occurs in a title of the items shown (kept by every
-    method, whatever it drops)."""
+def informative(answers: Iterable[str], heads: Iterable[str]) -> bool:
+    """Whether answer recall can tell evidence apart on a question: it has a gold answer, none
+    is yes/no (found in almost no text), and none is found in the head of an item shown for it
+    (:func:`canopy_ray.core.evidence.head`: the title, and a table's header row), which every
+    method keeps whatever it drops."""
     answers = [a for a in answers if normalize_answer(a)]
     if not answers or any(normalize_answer(a) in ("yes", "no") for a in answers):
         return False
-    return not any(answer_recall(t, answers) for t in titles)
+    return not any(answer_recall(h, answers) for h in heads)
 
 
 def covered(spans: Iterable[Span]) -> set[int]:

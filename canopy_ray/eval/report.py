@@ -35,6 +35,7 @@ from canopy_ray.eval.runs import STAGES, paired_differences
 
 ABLATION_COLUMNS = [("em", "EM"), ("f1", "F1"), ("answer_recall", "answer recall (body)"),
                     ("answer_recall_informative", "answer recall (body, informative)"),
+                    ("answer_recall_short", "answer recall (body, informative, short answers)"),
                     ("refinement_recall", "refinement recall (micro)"), ("evidence_recall", "evidence recall"),
                     ("retrieval_recall", "retrieval recall"), ("tokens", "reader tokens"), ("encoded_tokens", "encoded tokens"),
                     ("latency_compress", "compress s"), ("latency_llm_reader", "reader s"),
@@ -308,13 +309,16 @@ def pareto_markdown(runs: list[dict]) -> list[str]:
         k, b = main[0]["spec"]["k"], main[0]["spec"]["branching"]
         lines += [f"### {dataset}, {label}: reader tokens vs answer recall (k={k}, B={b})", "",
                   "Mean [95% bootstrap interval] over questions. Answer recall: a gold answer in the body of "
-                  "the reader's evidence (titles left out); informative: the questions whose answer is not "
-                  "yes/no and in no shown title (n_inf of them); with titles: the title-inclusive figure. "
-                  "Refinement recall: micro over gold leaves shown. Δ columns: paired differences on the "
-                  "same questions.", ""]
-        inf = "answer_recall_informative"
+                  "the reader's evidence (each item's title and a table's header row left out: every method "
+                  "keeps them); an answer of one or two characters counts only as a whole number or cell, and "
+                  "of several gold answers (a multi-span answer's spans too) any one counts; informative: the "
+                  "questions with an answer, none yes/no, none in a shown title or table header row (n_inf of "
+                  "them); short: the informative ones with a one- or two-character answer (n_short of them); "
+                  "with heads: over the whole evidence, titles and header rows included. Refinement recall: "
+                  "micro over gold leaves shown. Δ columns: paired differences on the same questions.", ""]
+        inf, short = "answer_recall_informative", "answer_recall_short"
         cols = ["method", "n", "reader tokens", "answer recall", "n_inf", "answer recall, informative",
-                "with titles", "refinement recall", "evidence recall", "EM", "F1"]
+                "n_short", "short answers", "with heads", "refinement recall", "evidence recall", "EM", "F1"]
         if ref:
             cols += ["tokens vs no_projection", "Δanswer recall vs no_projection", "Δinformative vs no_projection"]
         if base:
@@ -324,8 +328,9 @@ def pareto_markdown(runs: list[dict]) -> list[str]:
             agg = r["aggregate"]
             row = [r["spec"]["method"], str(len([x for x in r["records"] if "error" not in x])),
                    cell(agg.get("tokens"), "tokens"), cell(agg.get("answer_recall"), "answer_recall"),
-                   str((agg.get(inf) or {}).get("n", "-")),
-                   *(cell(agg.get(m), m) for m in (inf, "answer_recall_titled", "refinement_recall",
+                   str((agg.get(inf) or {}).get("n", "-")), cell(agg.get(inf), inf),
+                   str((agg.get(short) or {}).get("n", "-")),
+                   *(cell(agg.get(m), m) for m in (short, "answer_recall_titled", "refinement_recall",
                                                    "evidence_recall", "em", "f1"))]
             if ref:
                 d = paired_differences(r["records"], ref["records"], ["answer_recall", inf])
@@ -393,7 +398,8 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     runs = load_runs(results_dir)
     lines = ["# CANOPY evaluation", "",
              f"{len(runs)} runs from `{results_dir}`. EM/F1: reader answer vs gold (SQuAD normalisation); "
-             "answer recall: a gold answer occurs in the reader's evidence (reader-independent); refinement "
+             "answer recall: a gold answer occurs in the body of the reader's evidence, titles and table header "
+             "rows left out (reader-independent); refinement "
              "recall (the paper's): gold leaves kept over gold leaves of the gold items shown to refinement, "
              "micro over questions; evidence recall (end to end): a question's gold leaves kept, unretrieved "
              "gold counting as missed, averaged per question; retrieval recall: gold items retrieved; reader "

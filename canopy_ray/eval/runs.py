@@ -9,12 +9,18 @@ used when they match the node encoder).
 Per question (:func:`question_record`):
 
 - ``em``, ``f1``: the reader's answer against the gold answers (SQuAD normalisation);
-- ``answer_recall``: a gold answer occurs in the *body* of the evidence the reader received,
-  titles left out (reader-free): a title is kept by every method, so an answer in a title
-  says nothing about compression; ``answer_recall_informative``: the same over the
-  *informative* questions only (``informative``: no gold answer is yes/no or occurs in the
-  title of a candidate or retrieved item; undefined elsewhere); ``answer_recall_titled``:
-  the earlier, title-inclusive figure;
+- ``answer_recall``: a gold answer occurs in the *body* of the evidence the reader received
+  (reader-free; :func:`~canopy_ray.core.metrics.answer_recall`): each piece without its head,
+  the item's title and a table's header row (:func:`~canopy_ray.core.evidence.head`), which
+  every method keeps, so an answer there says nothing about compression. One- and
+  two-character answers are found only as a whole token (a number or a cell); a question
+  with several gold answers (alternatives, or the spans of a multi-span answer) is found
+  when any one of them is. ``answer_recall_informative``: the same over the *informative*
+  questions only (``informative``: a gold answer, none yes/no, none found in the head of a
+  candidate or retrieved item; undefined elsewhere); ``answer_recall_short``: the same over
+  the informative questions with a one- or two-character gold answer (``short``), reported
+  apart so their number shows; ``answer_recall_titled``: over the whole evidence, heads
+  included;
 - three gold-evidence recalls over the located gold leaves (``question.gold``; whole-item gold
   entries are left out), named apart because they answer different questions:
   ``refinement_recall`` (the paper's): of the gold leaves of the gold items *shown to
@@ -53,11 +59,11 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from canopy_ray.compressor import Compressor
-from canopy_ray.core.evidence import TokenCounter
+from canopy_ray.core.evidence import TokenCounter, head
 from canopy_ray.core.items import Item, Question, iter_jsonl, parse_question
 from canopy_ray.core.splits import in_split, sample_questions
 from canopy_ray.core.metrics import (answer_recall, bootstrap_ci, covered, exact_match, f1_score, informative,
-                                    paired_difference_ci, ratio_ci)
+                                    is_short, paired_difference_ci, ratio_ci)
 from canopy_ray.eval.cache import CachingEncoder
 from canopy_ray.eval.matched import ReplayBackends
 from canopy_ray.eval.methods import Method
@@ -67,13 +73,13 @@ from canopy_ray.pipeline import Answer, LocalBackends, MemoryRetriever, Pipeline
 SETTINGS = ("given", "open")
 STAGES = ("encode", "search", "fetch", "compress", "llm_critic", "llm_reader", "llm_table", "total")
 # Metrics aggregated per run, in report order; ``higher`` says which direction is better.
-METRICS = ("em", "f1", "answer_recall", "answer_recall_informative", "answer_recall_titled", "refinement_recall",
-           "evidence_recall", "retrieval_recall", "tokens", "tokens_before",
+METRICS = ("em", "f1", "answer_recall", "answer_recall_informative", "answer_recall_short", "answer_recall_titled",
+           "refinement_recall", "evidence_recall", "retrieval_recall", "tokens", "tokens_before",
            "tokens_after", "nodes_encoded", "encoded_tokens", "llm_calls", "llm_failures", "rounds",
            "followup_seen_share",
            *(f"latency_{s}" for s in STAGES))
-HIGHER_IS_BETTER = {"em", "f1", "answer_recall", "answer_recall_informative", "answer_recall_titled",
-                    "refinement_recall", "evidence_recall", "retrieval_recall"}
+HIGHER_IS_BETTER = {"em", "f1", "answer_recall", "answer_recall_informative", "answer_recall_short",
+                    "answer_recall_titled", "refinement_recall", "evidence_recall", "retrieval_recall"}
 # micro-averaged: the metric's aggregate is sum(numerator) / sum(denominator) over questions
 MICRO = {"refinement_recall": ("refinement_kept", "refinement_gold")}
 
@@ -172,15 +178,16 @@ def gold_recalls(question: Question, ans: Answer) -> dict:
 
 
 def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float] | None = None,
-                    cache_hits: int = 0, reader: bool = True, titles: Iterable[str] = ()) -> dict:
+                    cache_hits: int = 0, reader: bool = True, heads: Iterable[str] = ()) -> dict:
     """The per-question record: identifiers, what happened, and every metric of :data:`METRICS`.
 
     ``reader=False``: the reader was skipped (:class:`SkipReader`), so EM/F1 are undefined and
-    the skipped call is not counted. ``titles``: of the question's candidates (given setting);
-    the retrieved items' titles are added here."""
+    the skipped call is not counted. ``heads``: of the question's candidates (given setting,
+    :func:`~canopy_ray.core.evidence.head`); the retrieved items' heads are added here."""
     saved_s = saved_s or {}
-    shown = {*titles, *(r.tree.item.title for r in ans.results)}
-    useful = bool(question.answers) and informative(question.answers, shown)
+    shown = {*heads, *(head(r.tree.item) for r in ans.results)}
+    useful = informative(question.answers, shown)
+    short = any(is_short(a) for a in question.answers)
     body = answer_recall(ans.evidence_body, question.answers) if question.answers else None
     scored = reader and bool(question.answers)
     recalls = {k: _nan_to_none(v) for k, v in gold_recalls(question, ans).items()}
@@ -193,8 +200,9 @@ def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float
         "prediction": ans.answer if reader else None,
         "em": exact_match(ans.answer, question.answers) if scored else None,
         "f1": f1_score(ans.answer, question.answers) if scored else None,
-        "answer_recall": body, "informative": useful,
+        "answer_recall": body, "informative": useful, "short": short,
         "answer_recall_informative": body if useful else None,
+        "answer_recall_short": body if useful and short else None,
         "answer_recall_titled": answer_recall(ans.evidence_text, question.answers) if question.answers else None,
         **recalls,
         "tokens": ans.tokens.get("reader", 0), "tokens_before": ans.tokens.get("before", 0),
@@ -413,8 +421,8 @@ class Runner:
                 ans.followup_seen = ans.followup_total = 0
             saved = Counter(getattr(self.client, "saved_s", {}))
             saved.subtract(saved0)
-            titles = [eval_set.items[c].title for c in q.candidates if c in eval_set.items]
-            records.append(question_record(q, ans, +saved, getattr(self.client, "hits", 0) - hits0, reader, titles))
+            heads = [head(eval_set.items[c]) for c in q.candidates if c in eval_set.items]
+            records.append(question_record(q, ans, +saved, getattr(self.client, "hits", 0) - hits0, reader, heads))
             if progress:
                 progress(i + 1, len(eval_set.questions))
         return records

@@ -1,7 +1,7 @@
 from hypothesis import given, strategies as st
 
-from canopy_ray.core.evidence import (CUT, Piece, count_words, cut_to, node_text, piece, render, render_evidence,
-                                      truncate_newest_first)
+from canopy_ray.core.evidence import (CUT, PIECE_SEP, Piece, count_words, cut_to, evidence_body, head,
+                                      node_text, piece, render, render_evidence, truncate_newest_first)
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import ImageItem, TableItem, TextItem, TranscriptSpan, VideoItem, parse_item
 
@@ -182,6 +182,59 @@ def test_truncation_keeps_a_suffix_within_the_cap_and_never_returns_nothing(size
 def test_truncation_uses_the_given_token_counter():
     pieces = [_p("a", 5, 1), _p("b", 5, 1)]
     assert [p.item_id for p in truncate_newest_first(pieces, 12, count=lambda s: 2 * len(s.split()))] == ["b"]
+
+
+# ---------------------------------------------------------------- the body answer recall reads
+
+BAND = TextItem("band", "Tinted Windows (band)", ("The group formed in New York City in 2008.",
+                                                  " Its first performance was in Tulsa, Oklahoma."))
+
+
+def test_a_text_piece_is_its_title_then_the_body():
+    p = piece(build_tree(BAND), [(1, 2)])
+    assert p.text == "Tinted Windows (band): Its first performance was in Tulsa, Oklahoma."
+    assert p.head == head(BAND) == "Tinted Windows (band): "
+    assert p.body == "Its first performance was in Tulsa, Oklahoma."  # the title is not the body's
+
+
+def test_a_table_piece_is_its_title_and_header_row_then_the_kept_rows():
+    tree = build_tree(TABLE)
+    p = piece(tree, [(0, 1), (2, 3)])
+    assert p.text == "Sales\nType | 2019\nFixed | 1,452\n...\nTotal | 1,496"
+    assert p.head == head(TABLE) == "Sales\nType | 2019"  # every node of the table repeats the header
+    assert p.body == "Fixed | 1,452\n...\nTotal | 1,496"
+    untitled = TableItem("u", "", ("Type", "2019"), (("Fixed", "1,452"),))
+    assert piece(build_tree(untitled), [(0, 1)]).body == "Fixed | 1,452"
+    assert piece(build_tree(untitled), []).body == ""  # nothing kept: the header alone is no body
+
+
+def test_evidence_body_joins_the_bodies_without_titles_or_header_rows():
+    pieces = [piece(build_tree(BAND), [(0, 2)]), piece(build_tree(TABLE), [(1, 2)])]
+    body = evidence_body(pieces)
+    assert body == ("The group formed in New York City in 2008. Its first performance was in Tulsa, Oklahoma."
+                    + PIECE_SEP + "Other services | 44")
+    assert "Tinted Windows" not in body and "Sales" not in body and "2019" not in body and "Type" not in body
+    assert render_evidence(pieces).startswith("Tinted Windows (band): The group")  # the reader still sees them
+
+
+def test_a_piece_cut_inside_its_head_has_no_body():
+    whole = piece(build_tree(TABLE), [(0, 3)])
+    header_only = truncate_newest_first([whole], count_words("Sales\nType | 2019" + CUT))
+    assert header_only[0].text == "Sales\nType | 2019" + CUT and header_only[0].body == CUT
+    part = truncate_newest_first([whole], count_words("Sales\nType |" + CUT))
+    assert part[0].text == "Sales\nType |" + CUT and part[0].body == ""  # cut inside the header row
+    rows = truncate_newest_first([whole], count_words("Sales\nType | 2019\nFixed | 1,452\nOther services" + CUT))
+    assert rows[0].body == "Fixed | 1,452" + CUT  # cut at the last line end, after the head
+
+
+@given(item_trees(), st.data())
+def test_every_piece_is_its_head_then_its_body(tree, data):
+    kept = _forest(tree.root, data)
+    ev = piece(tree, kept)
+    assert ev.head == head(tree.item)
+    # a table's kept rows start on the line after its header row
+    sep = "\n" if isinstance(tree.item, TableItem) and kept else ""
+    assert ev.text == ev.head + sep + ev.body
 
 
 def test_render_evidence_joins_pieces():

@@ -4,9 +4,12 @@ import numpy as np
 import pytest
 
 from canopy_ray import balanced_tree
-from canopy_ray.core.metrics import (accuracy, answer_recall, bootstrap_ci, decision_accuracy, exact_match,
-                                     f1_score, gold_recall, normalize_answer, paired_difference_ci, ratio_ci,
-                                     pruned_share, refinement_stats)
+from canopy_ray.core.evidence import evidence_body, head, piece, render_evidence
+from canopy_ray.core.hierarchy import build_tree
+from canopy_ray.core.items import TableItem, TextItem
+from canopy_ray.core.metrics import (accuracy, answer_found, answer_recall, bootstrap_ci, decision_accuracy,
+                                     exact_match, f1_score, gold_recall, informative, is_short, normalize_answer,
+                                     paired_difference_ci, ratio_ci, pruned_share, refinement_stats)
 
 
 @pytest.mark.parametrize("raw,norm", [("The Eiffel Tower!", "eiffel tower"), ("  a  Cat, an owl ", "cat owl"),
@@ -32,6 +35,73 @@ def test_accuracy_and_answer_recall():
     assert accuracy("(B) ", "b") == 1.0
     assert answer_recall("It first played in Tulsa, Oklahoma.", ["tulsa"]) == 1.0
     assert answer_recall("Tulsans", ["tulsa"]) == 0.0
+
+
+# ---------------------------------------------------------------- body answer recall
+
+BAND = TextItem("band", "Tinted Windows (band)", ("The group formed in New York City in 2008.",
+                                                  " Its first performance was in Tulsa, Oklahoma."))
+SALES = TableItem("sales", "Sales by type", ("Type", "2019", "2018"),
+                  (("Fixed", "1,452", "1,146"), ("Other", "4", "56"), ("Staff", "14", "12")))
+PIECES = [piece(build_tree(BAND), [(0, 2)]), piece(build_tree(SALES), [(0, 3)])]
+BODY, TEXT = evidence_body(PIECES), render_evidence(PIECES)
+HEADS = [head(BAND), head(SALES)]
+
+
+@pytest.mark.parametrize("answers", [["Tinted Windows"], ["Sales"], ["2019"], ["Type"]])
+def test_an_answer_only_in_a_title_or_header_row_is_not_in_the_body(answers):
+    assert answer_recall(TEXT, answers) == 1.0  # the reader sees it
+    assert answer_recall(BODY, answers) == 0.0  # but no method chose it
+    assert not informative(answers, HEADS)
+
+
+def test_an_answer_in_the_rows_or_sentences_is_in_the_body():
+    for answers in (["Tulsa"], ["New York City"], ["1,452"], ["Staff"]):
+        assert answer_recall(BODY, answers) == 1.0 and informative(answers, HEADS), answers
+
+
+def test_informative_is_an_answer_none_yes_no_none_in_a_shown_head():
+    assert informative(["Tulsa"], HEADS)
+    assert not informative([], HEADS) and not informative(["the"], HEADS)  # no answer left once normalised
+    assert not informative(["Yes"], HEADS) and not informative(["Tulsa", "no"], HEADS)
+    assert not informative(["Tulsa", "2018"], HEADS)  # one gold answer in a header row is enough
+    assert informative(["2018"], [head(BAND)])  # only the heads of the items shown count
+    assert not informative(["Tinted Windows"], ["Tinted Windows (album): "])  # a title of any shown item
+
+
+@pytest.mark.parametrize("answer,short", [("4", True), ("-7", True), ("3%", True), ("0.4", True), ("(1.6)", True),
+                                          ("U.S.", True), ("14", True), ("-2.5", True), ("2019", False), ("-12.5", False),
+                                          ("the", False), ("Tulsa", False)])
+def test_short_answers_are_one_or_two_characters_once_normalised(answer, short):
+    assert is_short(answer) is short
+
+
+@pytest.mark.parametrize("answer,evidence", [("4", "Other | 4 | 56"), ("4", "(4)"), ("4", "$4,"), ("4", "4%"),
+                                             ("4", "4.0 million"), ("-7", "Change | (7)"), ("0.4", "rose by 0.40%"),
+                                             ("3%", "a 3% rise"), ("U.S.", "sold in the U.S. and Canada"),
+                                             ("14", "Staff | 14 | 12")])
+def test_a_short_answer_is_found_as_a_whole_number_or_cell(answer, evidence):
+    assert answer_found(evidence, answer)
+
+
+@pytest.mark.parametrize("answer,evidence", [("4", "in fiscal 2014"), ("4", "Other | 40 | 56"), ("4", "4.5"),
+                                             ("4", "1.4"), ("4", "Q4 sales"), ("4", "4-year term"), ("4", ".4"),
+                                             ("-1.4", "Staff | 14 | 12"), ("0.4", "04"), ("U.S.", "tell us")])
+def test_a_short_answer_is_not_found_inside_another_token(answer, evidence):
+    assert not answer_found(evidence, answer)
+
+
+def test_the_short_rule_reads_cells_of_the_body():
+    assert answer_recall(BODY, ["4"]) == 1.0  # the "Other" cell
+    assert answer_recall(BODY, ["-1.4"]) == 0.0  # SQuAD normalisation would have read "14" in the Staff row
+    assert answer_recall(BODY, ["1"]) == 0.0  # inside "1,452", "1,146", "14", "12": never a token
+
+
+def test_several_gold_answers_are_found_when_any_one_is():
+    # a multi-span answer (TAT-QA) is stored like alternatives (NQ): one found span counts
+    assert answer_recall(BODY, ["Fixed", "Lease"]) == 1.0
+    assert answer_recall(BODY, ["Lease", "Rent"]) == 0.0
+    assert answer_recall(BODY, ["Staff", "4"]) == 1.0 and answer_recall(BODY, []) == 0.0
 
 
 def test_refinement_stats_by_hand():

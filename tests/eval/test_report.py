@@ -84,3 +84,18 @@ def test_runs_at_another_margin_are_another_operating_point(tmp_path):
     assert "### tiny, given setting, margin 0.05: reader tokens vs answer recall" in md
     assert (res / "pareto_tiny_given_margin0.05.png").exists() and (res / "pareto_tiny_given.png").exists()
     assert "| canopy | 4 | 98 [" in md and "| canopy | 4 | 178 [" in md
+
+
+def test_pareto_shows_short_answers_with_their_own_n(tmp_path):
+    res = tmp_path / "res"
+    run = _run("canopy", 10, 2, [1.0, 0.5, 0.0, 1.0], [100, 120, 80, 90], informative=(1.0, 0.0, 1.0, None))
+    for r, short in zip(run["records"], (None, 0.0, 1.0, None)):  # q1, q2: informative, short answers
+        r["answer_recall_short"] = short
+    run["aggregate"] = aggregate(run["records"])
+    write_json(res / "a.json", run)
+    write_report(res)
+    md = (res / "pareto.md").read_text()
+    header = "| method | n | reader tokens | answer recall | n_inf | answer recall, informative | n_short | short answers |"
+    assert header in md and "title and a table's header row left out" in md
+    # n_inf 3 at 0.667, then n_short 2 at 0.500
+    assert "| 3 | 0.667 [0.000, 1.000] | 2 | 0.500 [0.000, 1.000] |" in md

@@ -10,12 +10,13 @@ import pytest
 
 from canopy_ray.config import load_config
 from canopy_ray.core.evidence import render
-from canopy_ray.core.items import Gold, Question
+from canopy_ray.core.items import Gold, Question, TableItem, TextItem
 from canopy_ray.core.metrics import bootstrap_ci, paired_difference_ci
 from canopy_ray.eval.cache import CachedChatClient
 from canopy_ray.eval.methods import METHODS, parse_methods
 from canopy_ray.core.splits import sample_questions
-from canopy_ray.eval.runs import METRICS, Runner, aggregate, gold_recalls, load_eval_set, paired_differences
+from canopy_ray.eval.runs import (METRICS, EvalSet, Runner, aggregate, gold_recalls, load_eval_set,
+                                   paired_differences)
 from canopy_ray.pipeline import Settings
 from tests.eval.conftest import CORPUS, QUESTIONS
 from tests.eval.scripted import ScriptedClient
@@ -222,6 +223,49 @@ def test_skipping_the_reader_keeps_the_reader_independent_metrics(runner, tiny_s
         assert r["em"] is None and "reader" not in r["llm_calls_by_role"]
         assert (r["tokens"], r["answer_recall"], r["evidence_recall"]) == (full["tokens"], full["answer_recall"],
                                                                            full["evidence_recall"])
+
+
+# a text item with a title and a table with a header row; each question's answer sits in one place
+HEADS_ITEMS = [TextItem("band", "Tinted Windows (band)", ("The group formed in New York City in 2008.",
+                                                          "Its first performance was in Tulsa, Oklahoma.")),
+               TableItem("sales", "Sales by type", ("Type", "2019", "2018"),
+                         (("Fixed", "1,452", "1,146"), ("Other", "4", "56"), ("Staff", "14", "12")))]
+HEADS_ANSWERS = {"title": ["Tinted Windows"], "header": ["2019"], "sentence": ["Tulsa"], "cell": ["4"],
+                 "change": ["-1.4"], "spans": ["Fixed", "Lease"], "yes_no": ["yes"]}
+
+
+@pytest.fixture(scope="module")
+def heads_run(runner):
+    """no_projection (every item shown whole) over the questions above, reader skipped."""
+    qs = [Question(qid, f"Which {qid}?", tuple(a), candidates=("band", "sales")) for qid, a in HEADS_ANSWERS.items()]
+    eval_set = EvalSet("heads", qs, {i.id: i for i in HEADS_ITEMS})
+    return runner.run(eval_set, METHODS["no_projection"], reader=False)
+
+
+@pytest.mark.integration
+def test_body_answer_recall_leaves_out_titles_and_header_rows(heads_run):
+    rec = {r["id"]: r for r in heads_run["records"]}
+    assert heads_run["errors"] == 0 and all(sorted(r["kept"]) == ["band", "sales"] for r in rec.values())
+    # (body, informative, short, whole evidence): in a title or header row the reader sees the
+    # answer, but it is not in the body and the question is not informative; "-1.4" is short and
+    # no token of the evidence is 1.4 ("14" is not); any one span of several counts
+    want = {"title": (0.0, False, False, 1.0), "header": (0.0, False, False, 1.0),
+            "sentence": (1.0, True, False, 1.0), "cell": (1.0, True, True, 1.0),
+            "change": (0.0, True, True, 0.0), "spans": (1.0, True, False, 1.0), "yes_no": (0.0, False, False, 0.0)}
+    got = {q: (r["answer_recall"], r["informative"], r["short"], r["answer_recall_titled"]) for q, r in rec.items()}
+    assert got == want
+    for q, (body, useful, short, _) in want.items():
+        assert rec[q]["answer_recall_informative"] == (body if useful else None), q
+        assert rec[q]["answer_recall_short"] == (body if useful and short else None), q
+
+
+@pytest.mark.integration
+def test_informative_and_short_answer_recall_aggregate_with_their_own_n(heads_run):
+    agg = heads_run["aggregate"]
+    assert (agg["answer_recall"]["n"], agg["answer_recall"]["mean"]) == (7, pytest.approx(3 / 7))
+    assert (agg["answer_recall_informative"]["n"], agg["answer_recall_informative"]["mean"]) == (4, 0.75)
+    assert (agg["answer_recall_short"]["n"], agg["answer_recall_short"]["mean"]) == (2, 0.5)
+    assert agg["answer_recall_titled"]["mean"] == pytest.approx(5 / 7)
 
 
 def test_chat_cache_answers_repeats_and_survives_reopening(tmp_path):
