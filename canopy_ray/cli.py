@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -27,6 +28,44 @@ PASS_THROUGH = {
     "report": ("canopy_ray.eval.report", "turn a results folder into a markdown table and PNG plots"),
     "calibrate": ("canopy_ray.eval.calibrate", "choose the refinement margin on validation for a recall target"),
 }
+
+
+# The path options of the verbs that read data and write results: (inputs, outputs).
+DATA_PATHS = {
+    "index": (("corpus", "media_root"), ("out",)),
+    "train": (("shared_data",), ("work_dir", "storage", "out", "cache_dir")),
+}
+
+
+def ray_job_copy() -> Path | None:
+    """Ray's copy of the project when this runs as a job submitted with ``--working-dir``
+    (the job's working directory), else None. The job supervisor hands the job its runtime
+    env in ``RAY_JOB_CONFIG_JSON_ENV_VAR``."""
+    job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+    return Path.cwd() if (job.get("runtime_env") or {}).get("working_dir") else None
+
+
+def job_path_problem(verb: str, argv: list[str]) -> str | None:
+    """In Ray's copy of the working directory a relative path means a place inside that copy:
+    a data path there finds nothing of the submitter's, and results written there stay in a
+    temporary directory on one node. Such a path is refused, naming it and the fix."""
+    copy = ray_job_copy()
+    if copy is None or verb not in DATA_PATHS:
+        return None
+    args, _ = importlib.import_module(PASS_THROUGH[verb][0]).build_parser().parse_known_args(argv)
+    inputs, outputs = DATA_PATHS[verb]
+    if verb == "train" and all((Path(args.work_dir) / s / "questions.jsonl").is_file() for s in args.sets):
+        inputs = ()  # every set is converted already: the raw data is not read
+    for name in inputs + outputs:
+        value = getattr(args, name)
+        if value is None or Path(value).is_absolute() or (name in inputs and Path(value).exists()):
+            continue
+        flag = "--" + name.replace("_", "-")
+        what = "no such path there" if name in inputs else "what is written there is lost with the copy"
+        return (f"{flag} {value} is relative, and this job runs in Ray's copy of the working directory "
+                f"({copy}): {what}. Pass an absolute path on a file system every node mounts, "
+                f'e.g. {flag} "$PWD/{value}" from the directory you submit from')
+    return None
 
 
 def _examples() -> list[dict]:
@@ -164,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:2] == ["data", "convert"]:
         return importlib.import_module("canopy_ray.data.convert").main(argv[2:])
     if argv[:1] and argv[0] in PASS_THROUGH:
+        if problem := job_path_problem(argv[0], argv[1:]):
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
         return importlib.import_module(PASS_THROUGH[argv[0]][0]).main(argv[1:])
     args = build_parser().parse_args(argv)
     try:

@@ -4,7 +4,8 @@
         --setting given --method canopy --out run.json
     python jobs/eval.py --questions q.jsonl --corpus c.jsonl --method all --n 40 --out runs/eval
     python jobs/eval.py --questions q.jsonl --setting open --index runs/index --method canopy,vanilla --out runs/eval
-    ray job submit --working-dir . -- python jobs/eval.py --questions ... --out ...
+    ray job submit --working-dir . -- python jobs/eval.py --questions "$PWD/q.jsonl" --corpus "$PWD/c.jsonl" \\
+        --out "$PWD/runs/eval"  # absolute: the job runs in Ray's copy of the project
 
 Methods: canopy, vanilla, no_projection, no_iteration, flat, frozen (or ``all``). Each run holds
 per-question records and an ``aggregate`` of every metric with its 95% bootstrap interval;

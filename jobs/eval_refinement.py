@@ -1,7 +1,8 @@
 """Refinement evaluation of f0 vs f_theta on gold items of held-out questions (no LLM): ``canopy eval-refinement``.
 
     python jobs/eval_refinement.py --config configs/cpu.yaml --split test --out runs/eval-test
-    ray job submit --working-dir . -- python jobs/eval_refinement.py --config configs/cpu.yaml
+    ray job submit --working-dir . -- python jobs/eval_refinement.py --config configs/cpu.yaml --split test \\
+        --shared-data "$PWD/../shared/data" --work-dir "$PWD/runs/data" --out "$PWD/runs/eval-test"
 
 The adapter is ``--adapter`` or else the config's ``models.adapter`` (``--frozen`` for f0
 only). The shared raw sets (``--shared-data``, default ``$CANOPY_SHARED_DATA`` or

@@ -2,11 +2,12 @@
 
     python jobs/index.py --config configs/cpu.yaml --corpus corpus.jsonl --out runs/index
     ray job submit --working-dir . -- python jobs/index.py --config configs/cpu.yaml \\
-        --corpus /abs/path/corpus.jsonl --out /abs/path/runs/index
+        --corpus "$PWD/corpus.jsonl" --out "$PWD/runs/index"
 
-(With ``--working-dir .`` the job runs in a copy of the project, so give absolute paths; the
-README's cluster section says how ``ray job submit`` authenticates.) Killed and rerun with the
-same arguments, the job resumes from its finished input shards.
+With ``--working-dir .`` the job runs in Ray's copy of the project: a relative ``--corpus`` or
+``--out`` would point inside that copy, so the job refuses it, naming it (docs/multi-node.md has
+the cluster's commands and how ``ray job submit`` authenticates). Killed and rerun with the same
+arguments, the job resumes from its finished input shards.
 """
 
 from __future__ import annotations

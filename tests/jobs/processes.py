@@ -42,9 +42,9 @@ DEFAULT_SIGINT = [sys.executable, "-c", "import os, signal, sys; signal.signal(s
 
 
 def run_in_own_pids(script: list[str], work: Path, timeout: float, **env: str) -> str:
-    """``script`` (bash lines, ``set -euo pipefail``, ``ray stop --force`` on any exit) in a PID
-    namespace of its own, where ``ray stop`` sees only the Ray it started; ``--kill-child`` ends
-    every process in it when the script ends or this test dies. No ``RAY_`` variable of the
+    """``script`` (bash lines, ``set -euo pipefail``, each traced with the seconds since the start,
+    ``ray stop --force`` on any exit) in a PID namespace of its own, where ``ray stop`` sees only the
+    Ray it started; ``--kill-child`` ends every process in it when the script ends or this test dies. No ``RAY_`` variable of the
     suite's leaks in; ``OUT`` is ``work``; SIGINT is at its default, as a terminal has it, however
     the suite was started (a process started with SIGINT ignored, e.g. ``nohup cmd &`` from a
     script, passes the ignore to every child, and bash cannot undo an inherited ignore, so a
@@ -54,7 +54,7 @@ def run_in_own_pids(script: list[str], work: Path, timeout: float, **env: str) -
     env |= {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "OUT": str(work)}
     log = work / "sequence.log"
     cmd = DEFAULT_SIGINT + ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c",
-                            "\n".join(["set -euo pipefail",
+                            "\n".join(["set -euo pipefail", "PS4='+ [${SECONDS}s] '", "set -x",  # each line, timed
                                        'trap \'ray stop --force > "$OUT/stop-trap.log" 2>&1 || true\' EXIT',
                                        *script, "trap - EXIT", "echo SEQUENCE-DONE"])]
     with log.open("w") as f:
