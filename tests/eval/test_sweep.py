@@ -87,6 +87,29 @@ def test_matched_points_replay_canopy_in_the_open_setting(tiny_index, tmp_path):
         assert abs(got - budget) <= 0.15 * budget, (m, got, budget)
 
 
+def test_a_point_searches_with_the_configs_nprobe(tiny_index, tmp_path):
+    """The open setting's index is opened with retrieval.nprobe, as Serve opens it: auto is the
+    nprobe the ivf index measured at indexing, a number is used as given."""
+    import shutil
+
+    from canopy_ray.eval.sweep import PointWorker
+    from canopy_ray.index.manifest import IVF_RECALL, read_manifest
+    from canopy_ray.indexer import run_index
+
+    ivf = tmp_path / "ivf"
+    shutil.copytree(tiny_index, ivf)  # the same parts, built again as ivf (no embedding)
+    cfg = load_config(None, retrieval={"shards": 1, "index_type": "ivf", "nlist": 2},
+                      index={"actors": 1, "shard_items": 10, "batch_items": 8})
+    run_index(cfg, CORPUS, ivf, progress=False)
+    measured = read_manifest(ivf)[IVF_RECALL]["nprobe"]
+    point = {"dataset": "tiny", "setting": "open"}
+    other = 3 - measured  # of the two lists, the count the index did not choose
+    for nprobe, want in (("auto", measured), (other, other)):
+        data = cfg.override(retrieval={"nprobe": nprobe}).model_dump()
+        worker = PointWorker(data, {"tiny": {"index": str(ivf)}}, None, client_factory=scripted.scripted_factory)
+        assert [s.nprobe for s in worker._index(point).shards.shards] == [want]
+
+
 def test_committed_sweep_config_expands_to_the_ablation_and_the_grid():
     spec = load_spec(ROOT / "configs" / "sweep.yaml")
     points = expand(spec)
