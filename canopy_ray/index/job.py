@@ -296,9 +296,10 @@ def _build(cfg: CanopyConfig, plan: dict, out: Path, parts: list[Path]) -> dict:
         model_id=model_id(cfg), encoder=cfg.models.encoder, adapter_id=settings["models"]["adapter_id"],
         hierarchy=settings["hierarchy"], corpus_fingerprint=plan["fingerprint"])
     entries = written["shards"]
+    measured = {"ivf_recall": written[manifest.IVF_RECALL]} if manifest.IVF_RECALL in written else {}
     return {"items": sel.items, "nodes": sel.nodes, "skipped": len(sel.skipped),
             "skipped_by_reason": dict(sorted(counts.items())), "duplicates": counts.get("duplicate_id", 0),
-            "index_shards": len(entries), "dim": dim}
+            "index_shards": len(entries), "dim": dim, **measured}
 
 
 def _in_ray(ray_address: str | None, num_cpus: int | None, fn):
@@ -377,4 +378,13 @@ def format_summary(s: dict) -> str:
             f"into {s['out_dir']}\n"
             f"skipped {s['skipped']} of {s['input_lines']} lines ({reasons}); see report.json, skipped.jsonl\n"
             f"input shards: {s['shards_computed']} computed, {s['shards_resumed']} resumed; "
-            f"{s['items_per_s']} items/s, {s['nodes_per_s']} nodes/s over {s['embed_seconds']} s of embedding")
+            f"{s['items_per_s']} items/s, {s['nodes_per_s']} nodes/s over {s['embed_seconds']} s of embedding"
+            + _ivf_line(s.get("ivf_recall")))
+
+
+def _ivf_line(m: dict | None) -> str:
+    """What an ivf index measured (searches with ``retrieval.nprobe: auto`` use its nprobe)."""
+    if not m:
+        return ""
+    return (f"\nivf: recall@10 {m['recall']} against exact search at nprobe {m['nprobe']}, the smallest reaching "
+            f"{m['target']} on {m['queries']} of its own vectors (retrieval.nprobe: auto searches with it)")

@@ -100,6 +100,7 @@ def job_vectors(out):
 
 @pytest.mark.integration
 def test_the_index_job_records_its_recall_and_a_search_reaches_it(ray_local, tmp_path):
+    from canopy_ray.index.job import format_summary
     from canopy_ray.indexer import run_index
     from tests.index.conftest import index_config
 
@@ -111,6 +112,8 @@ def test_the_index_job_records_its_recall_and_a_search_reaches_it(ray_local, tmp
     assert summary["items"] == 800 and summary["skipped"] == 0
     got = read_manifest(out)[IVF_RECALL]
     assert (got["target"], got["k"]) == (0.97, 10) and got["recall"] >= 0.97 and got["queries"] == 300
+    assert summary["ivf_recall"] == got and f"at nprobe {got['nprobe']}, the smallest reaching 0.97" in \
+        format_summary(summary)  # what `canopy index` prints
 
     index = load_index(out)  # nprobe: auto, the config's default
     p = got["nprobe"]
