@@ -18,6 +18,7 @@ them level by level and nothing else is ever encoded.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Generator, Mapping, Sequence
 
 from canopy_ray.core.hierarchy import Node, Span
@@ -65,7 +66,8 @@ def decisions(root: Node, scores: Mapping[Span, float], margin: float = 0.0) -> 
 Ask = list[tuple[int, Node]]
 
 
-def score_lazily(roots: Sequence[Node], margin: float = 0.0) -> Generator[Ask, Sequence[float], list[dict[Span, float]]]:
+def score_lazily(roots: Sequence[Node], margin: float = 0.0,
+                 lone: bool = False) -> Generator[Ask, Sequence[float], list[dict[Span, float]]]:
     """Algorithm 1's scores, asked for level by level: only the nodes refinement visits.
 
     A generator over several trees at once (``roots``): it yields the ``(tree, node)`` pairs
@@ -75,13 +77,15 @@ def score_lazily(roots: Sequence[Node], margin: float = 0.0) -> Generator[Ask, S
     splits: some child scores >= it + ``margin``), and so on. It returns one
     ``{span: score}`` per tree, holding exactly the scores :func:`decisions` reads, so
     ``refine(root, scores, margin)`` equals refinement over the fully scored tree. Drive it
-    with :func:`drive` (or by hand, awaiting an encoder between levels).
+    with :func:`drive` (or by hand, awaiting an encoder between levels). ``lone``: score
+    single-node trees too (:func:`gate` compares every item's best score).
     """
     scores: list[dict[Span, float]] = [{} for _ in roots]
     explored: Ask = [(i, r) for i, r in enumerate(roots) if r.children]  # a lone leaf is kept unscored
-    if explored:
-        got = yield explored
-        for (i, root), s in zip(explored, got, strict=True):
+    first = [(i, r) for i, r in enumerate(roots) if r.children or lone]
+    if first:
+        got = yield first
+        for (i, root), s in zip(first, got, strict=True):
             scores[i][root.span] = float(s)
     while explored:  # nodes whose children are asked next
         ask = [(i, c) for i, n in explored for c in n.children]
@@ -105,3 +109,72 @@ def drive(gen: Generator[Ask, Sequence[float], list], score: Callable[[Ask], Seq
             ask = gen.send(score(ask))
     except StopIteration as done:
         return done.value
+
+
+def score_all(roots: Sequence[Node]) -> Generator[Ask, Sequence[float], list[dict[Span, float]]]:
+    """Every node of every tree in one ask (the hybrid's scoring: leaves are ranked globally)."""
+    ask = [(i, n) for i, r in enumerate(roots) for n, _ in r.walk()]
+    got = yield ask
+    scores: list[dict[Span, float]] = [{} for _ in roots]
+    for (i, n), s in zip(ask, got, strict=True):
+        scores[i][n.span] = float(s)
+    return scores
+
+
+def raise_by_rule(root: Node, leaves: Sequence[Span], scores: Mapping[Span, float],
+                  fallback: float = 0.0) -> list[Span]:
+    """Each leaf raised to its parent while the parent scores >= the node (Algorithm 1 keeps a
+    node none of whose children beats it), or less than ``fallback`` below it (too close to
+    call: keep the context); the maximal raised spans, sorted."""
+    parent = {c.span: n.span for n, _ in root.walk() for c in n.children}
+    raised = set()
+    for s in leaves:
+        while s in parent and scores[parent[s]] >= scores[s] - fallback:
+            s = parent[s]
+        raised.add(s)
+    return sorted(s for s in raised if not any(o != s and o[0] <= s[0] and s[1] <= o[1] for o in raised))
+
+
+def hybrid(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], share: float,
+           fallback: float = 0.0, lead: bool = False) -> list[list[Span]]:
+    """The paper's remedy for flat selection (its Appendix G): the best ``share`` of all the
+    trees' leaves, ranked together, each raised by :func:`raise_by_rule`, so the parent-child
+    rule decides how much context a chosen leaf keeps (``fallback``: see :func:`raise_by_rule`).
+    ``lead``: a tree with a chosen leaf also keeps its first one (a passage's first sentence
+    names what it is about: a second-hop answer often stands there). A single-node tree (an image, a table kept
+    whole) is kept. Kept spans per tree; ``[]``: nothing of the tree is chosen."""
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
+    ranked = sorted(((scores[i][n.span], i, n.span) for i, r in enumerate(roots) if r.children
+                     for n, _ in r.walk() if n.is_leaf), key=lambda v: -v[0])  # stable: ties in order
+    chosen: list[list[Span]] = [[] for _ in roots]
+    for _, i, s in ranked[:math.ceil(share * len(ranked))]:
+        chosen[i].append(s)
+    if lead:
+        chosen = [c + [(r.span[0], r.span[0] + 1)] if c and (r.span[0], r.span[0] + 1) not in c else c
+                  for r, c in zip(roots, chosen)]
+    return [raise_by_rule(r, c, sc, fallback) if r.children else [r.span] for r, c, sc in zip(roots, chosen, scores)]
+
+
+def fates(root: Node, kept: Sequence[Span]) -> dict[Span, str]:
+    """Every node's fate for spans chosen other than by :func:`decisions` (the hybrid, an item
+    left out): ``kept``, ``within`` a kept node, ``split`` above one, else ``dropped``."""
+    out = {}
+    for n, _ in root.walk():
+        a, b = n.span
+        if n.span in kept:
+            out[n.span] = KEPT
+        elif any(k[0] <= a and b <= k[1] for k in kept):
+            out[n.span] = WITHIN
+        elif any(a <= k[0] and k[1] <= b for k in kept):
+            out[n.span] = SPLIT
+        else:
+            out[n.span] = DROPPED
+    return out
+
+
+def gate(best: Sequence[float], below: float) -> list[bool]:
+    """Which items stay: those whose best scored node is within ``below`` of the best item's
+    (an item far below the question's best is left out, however refinement cut it)."""
+    top = max(best, default=0.0)
+    return [b >= top - below for b in best]

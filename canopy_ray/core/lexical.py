@@ -1,0 +1,46 @@
+"""Lexical evidence for node scores: BM25 of a query against the nodes scored together.
+
+A multi-hop question names the entity its second paragraph is about, and a cosine of small
+sentence vectors often misses it; the words do not. Document statistics come from the texts
+scored together (one question's nodes), so no corpus-wide index is needed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Sequence
+
+WORD = re.compile(r"\w+")
+STOP = frozenset("a an and are as at be by did do does for from had has have he her his how in is it its "
+                 "of on or she that the their them they this to was were what when where which who whom "
+                 "whose why will with".split())
+
+
+def terms(text: str) -> list[str]:
+    return [w for w in WORD.findall(text.lower()) if w not in STOP]
+
+
+def bm25(query: str, texts: Sequence[str], k1: float = 1.2, b: float = 0.75) -> list[float]:
+    """BM25 of each text against ``query``, with the texts themselves as the collection."""
+    docs = [Counter(terms(t)) for t in texts]
+    if not docs:
+        return []
+    lens = [sum(d.values()) for d in docs]
+    avg = max(sum(lens) / len(lens), 1e-9)
+    out = [0.0] * len(docs)
+    for t in set(terms(query)):
+        df = sum(t in d for d in docs)
+        idf = math.log(1 + (len(docs) - df + 0.5) / (df + 0.5))
+        for k, (d, n) in enumerate(zip(docs, lens)):
+            tf = d.get(t, 0)
+            out[k] += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * n / avg)) if tf else 0.0
+    return out
+
+
+def scaled_bm25(query: str, texts: Sequence[str]) -> list[float]:
+    """:func:`bm25` divided by its largest value (all 0 when no text shares a word)."""
+    raw = bm25(query, texts)
+    top = max(raw, default=0.0)
+    return [x / top for x in raw] if top > 0 else [0.0] * len(raw)
