@@ -6,10 +6,17 @@ scored level by level (:func:`canopy_ray.core.refine.score_lazily`): every item'
 one batch, then the children of every node that splits, and so on; nothing else is encoded.
 A node's vector comes from the index's node store (items from that index), else from the
 bounded vector cache (any node seen before), else from the node encoder.
+
+The ``hybrid`` refinement mode (``refinement.mode``) scores every node at once instead: it ranks
+all the items' leaves together and lets the parent-child rule decide how far up each chosen
+leaf's context reaches (:func:`canopy_ray.core.refine.hybrid`). There, and in ``flat``,
+``refinement.lexical`` adds BM25 over the nodes scored together to each cosine
+(:mod:`canopy_ray.core.lexical`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -18,9 +25,10 @@ import numpy as np
 from canopy_ray.core.evidence import Piece, TokenCounter, count_words, node_text, piece, render
 from canopy_ray.core.hierarchy import ItemTree, Node, Span, build_tree
 from canopy_ray.core.items import Item
-from canopy_ray.core.refine import Ask, decisions, drive, score_lazily
+from canopy_ray.core.lexical import scaled_bm25
+from canopy_ray.core.refine import Ask, decisions, drive, fates, gate, hybrid, score_all, score_lazily
 
-MODES = ("canopy", "none", "flat")
+MODES = ("canopy", "hybrid", "none", "flat")
 NODE_ENCODERS = ("tuned", "frozen")
 
 
@@ -28,10 +36,13 @@ NODE_ENCODERS = ("tuned", "frozen")
 class CompressOptions:
     """How one call compresses its items (travels as one value across a Serve handle).
 
-    ``mode``: ``canopy`` (refinement), ``none`` (items passed whole) or ``flat`` (the
-    ``flat_m`` best leaves); ``whole`` names items kept unsplit (aggregation tables);
-    ``round`` tags the evidence; ``branching`` overrides B and ``margin`` the refinement
-    margin (:mod:`canopy_ray.core.refine`; None: the compressor's). Serve's Refiner also reads
+    ``mode``: ``canopy`` (refinement), ``hybrid`` (the best ``share`` of all the items' leaves,
+    each raised by the parent-child rule: :func:`canopy_ray.core.refine.hybrid`), ``none``
+    (items passed whole) or ``flat`` (the ``flat_m`` best leaves); ``whole`` names items kept
+    unsplit (aggregation tables); ``round`` tags the evidence; ``branching`` overrides B,
+    ``margin`` the refinement margin (:mod:`canopy_ray.core.refine`), ``share`` the hybrid's
+    and ``gate`` the item gate (``canopy`` mode: an item whose best visited node scores more
+    than ``gate`` below the best item's is left out; ``inf``: off); None: the compressor's. Serve's Refiner also reads
     ``node_encoder`` (``tuned`` f_theta or ``frozen`` f0) and ``use_store`` (take cached
     node vectors from the index: only for items that came from it).
     """
@@ -44,10 +55,17 @@ class CompressOptions:
     node_encoder: str = "tuned"
     use_store: bool = False
     margin: float | None = None
+    share: float | None = None
+    gate: float | None = None
+    query: str = ""  # the query's text, for the lexical part of the score (Compressor.lexical)
 
     def __post_init__(self):
         if self.margin is not None and not self.margin >= 0:
             raise ValueError(f"margin must be >= 0, got {self.margin!r}")
+        if self.share is not None and not 0 < self.share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {self.share!r}")
+        if self.gate is not None and not self.gate >= 0:
+            raise ValueError(f"gate must be >= 0, got {self.gate!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.node_encoder not in NODE_ENCODERS:
@@ -80,7 +98,7 @@ class ItemResult:
         """The per-item JSON of ``/v1/compress``, ``/v1/answer`` and ``canopy compress --json``."""
         out = {"id": self.id, "modality": self.tree.item.modality, "kept": [list(s) for s in self.kept],
                "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
-               "evidence": self.evidence.text, "nodes_total": len(self.tree.nodes()),
+               "evidence": self.evidence.text if self.kept else "", "nodes_total": len(self.tree.nodes()),
                "nodes_scored": len(self.scores), "nodes_encoded": self.encoded,
                "encoded_tokens": self.encoded_tokens}
         if explain:
@@ -120,9 +138,16 @@ def flat(tree: ItemTree, scores: dict[Span, float], m: int, count_tokens: TokenC
 
 
 def _result(tree, scores, fate, kept, count_tokens, round) -> ItemResult:
+    """An item with nothing kept (left out) gives no evidence and 0 tokens."""
     ev = piece(tree, kept, round)
     return ItemResult(tree, scores, fate, kept, count_tokens(render(tree, [tree.root.span])),
-                      count_tokens(ev.text), ev)
+                      count_tokens(ev.text) if kept else 0, ev)
+
+
+def chosen(tree: ItemTree, scores: dict[Span, float], kept: Sequence[Span], count_tokens: TokenCounter = count_words,
+           round: int = 1) -> ItemResult:
+    """The result of spans chosen other than by Algorithm 1 (the hybrid; ``[]``: left out)."""
+    return _result(tree, scores, fates(tree.root, kept), list(kept), count_tokens, round)
 
 
 def _score_leaves(roots: Sequence[Node]):
@@ -138,8 +163,9 @@ def _score_leaves(roots: Sequence[Node]):
 class _Scoring:
     """One call's scoring: vectors from the node store, the cache or the encoder, and counts."""
 
-    def __init__(self, comp: "Compressor", trees: Sequence[ItemTree], query_vec: np.ndarray):
-        self.comp, self.trees = comp, trees
+    def __init__(self, comp: "Compressor", trees: Sequence[ItemTree], query_vec: np.ndarray, query: str = "",
+                 lexical: float = 0.0):
+        self.comp, self.trees, self.text, self.lexical = comp, trees, query, lexical
         self.query = np.asarray(query_vec, np.float32)
         store = comp.node_store if comp.node_store is not None and comp.node_store.usable_for(comp.encoder) else None
         self.stored = [(store.lookup(t.item.id) or {}) if store else {} for t in trees]
@@ -179,7 +205,13 @@ class _Scoring:
             self.tokens[ask[k][0]] += int(n)
         self.comp.stats["encoded"] += len(todo)
         self.comp.stats["encoded_tokens"] += int(sum(tokens))
-        return np.stack([np.asarray(v, np.float32) for v in vecs]) @ self.query if vecs else np.zeros(0)
+        if not vecs:
+            return np.zeros(0)
+        cos = np.stack([np.asarray(v, np.float32) for v in vecs]) @ self.query
+        if self.lexical and self.text:
+            lex = scaled_bm25(self.text, [node_text(self.trees[i], n.span) for i, n in ask])
+            cos = cos + np.float32(self.lexical) * np.asarray(lex, np.float32)
+        return cos
 
 
 class Compressor:
@@ -192,12 +224,16 @@ class Compressor:
     same node encoder. The encoder needs ``encode_nodes``, ``token_counts`` and its identity
     (``model_id``, ``adapter_id``); an async caller passes its own encode function instead.
     ``stats`` counts nodes served by the store, by the cache, and encoded (with their tokens).
+    ``margin``, ``mode``, ``share``, ``fallback``, ``lead``, ``gate`` and ``lexical`` are the
+    config's ``refinement`` section (:class:`canopy_ray.config.RefinementConfig`).
     """
 
     def __init__(self, encoder, branching: int = 2, segment_s: float = 30.0, frame_every_s: float = 10.0,
                  max_frames: int = 32, count_tokens: TokenCounter = count_words, node_store=None, cache=None,
-                 margin: float = 0.0):
-        self.encoder, self.margin = encoder, margin
+                 margin: float = 0.0, mode: str = "canopy", share: float = 0.5, gate: float = math.inf,
+                 lexical: float = 0.0, fallback: float = 0.0, lead: bool = False):
+        self.encoder, self.margin, self.mode, self.share, self.gate = encoder, margin, mode, share, gate
+        self.lexical, self.fallback, self.lead = lexical, fallback, lead
         self.tree_args = dict(branching=branching, segment_s=segment_s, frame_every_s=frame_every_s,
                               max_frames=max_frames)
         self.count_tokens = count_tokens
@@ -212,8 +248,10 @@ class Compressor:
             from canopy_ray.models.vector_cache import VectorCache
 
             kw["cache"] = VectorCache(cfg.models.cache_mb)
-        h = cfg.hierarchy
-        return cls(encoder, h.branching, h.segment_s, h.frame_every_s, h.max_frames, margin=cfg.margin, **kw)
+        h, r = cfg.hierarchy, cfg.refinement
+        return cls(encoder, h.branching, h.segment_s, h.frame_every_s, h.max_frames, margin=cfg.margin,
+                   mode=r.mode, share=r.share, gate=math.inf if r.gate is None else r.gate, lexical=r.lexical,
+                   fallback=r.fallback, lead=r.lead, **kw)
 
     def tree(self, item: Item, whole: bool = False, branching: int | None = None) -> ItemTree:
         args = self.tree_args | ({"branching": branching} if branching else {})
@@ -229,18 +267,36 @@ class Compressor:
     def margin_of(self, opts: CompressOptions) -> float:
         return self.margin if opts.margin is None else opts.margin
 
+    def mode_of(self, opts: CompressOptions) -> str:
+        """``canopy`` requests run the compressor's refinement mode (Algorithm 1 or the hybrid)."""
+        return self.mode if opts.mode == "canopy" else opts.mode
+
+    def _gate(self, opts: CompressOptions) -> float:
+        return self.gate if opts.gate is None else opts.gate
+
     def _start(self, trees, opts: CompressOptions, query_vec):
-        roots = [t.root for t in trees]
-        levels = _score_leaves(roots) if opts.mode == "flat" else score_lazily(roots, self.margin_of(opts))
-        return _Scoring(self, trees, query_vec), levels
+        roots, mode = [t.root for t in trees], self.mode_of(opts)
+        levels = (_score_leaves(roots) if mode == "flat" else score_all(roots) if mode == "hybrid"
+                  else score_lazily(roots, self.margin_of(opts), lone=self._gate(opts) < math.inf))
+        # BM25's statistics need the nodes scored together: the hybrid's and flat's one ask, not
+        # Algorithm 1's levels (which scores by cosine alone, as the paper)
+        return _Scoring(self, trees, query_vec, opts.query, 0.0 if mode == "canopy" else self.lexical), levels
 
     def _finish(self, run: _Scoring, scores: list[dict], opts: CompressOptions) -> list[ItemResult]:
-        out = []
-        for t, sc, n, tok in zip(run.trees, scores, run.encoded, run.tokens):
-            r = (flat(t, sc, opts.flat_m, self.count_tokens, opts.round) if opts.mode == "flat"
-                 else refined(t, sc, self.count_tokens, opts.round, self.margin_of(opts)))
-            out.append(replace(r, encoded=n, encoded_tokens=tok))
-        return out
+        mode, count, t = self.mode_of(opts), self.count_tokens, opts.round
+        if mode == "flat":
+            results = [flat(tr, sc, opts.flat_m, count, t) for tr, sc in zip(run.trees, scores)]
+        elif mode == "hybrid":
+            kept = hybrid([tr.root for tr in run.trees], scores, self.share if opts.share is None else opts.share,
+                          self.fallback, self.lead)
+            results = [chosen(tr, sc, k, count, t) for tr, sc, k in zip(run.trees, scores, kept)]
+        else:
+            results = [refined(tr, sc, count, t, self.margin_of(opts)) for tr, sc in zip(run.trees, scores)]
+            if self._gate(opts) < math.inf and results:  # items kept whole on purpose are never left out
+                stay = gate([max(sc.values()) for sc in scores], self._gate(opts))
+                results = [r if ok or r.id in opts.whole else chosen(r.tree, r.scores, [], count, t)
+                           for r, ok in zip(results, stay)]
+        return [replace(r, encoded=n, encoded_tokens=tok) for r, n, tok in zip(results, run.encoded, run.tokens)]
 
     def compress_items(self, query_vec: np.ndarray, items: Sequence[Item],
                        opts: CompressOptions = CompressOptions()) -> list[ItemResult]:
@@ -271,7 +327,7 @@ class Compressor:
     def compress(self, query: str, items: Sequence[Item], branching: int | None = None,
                  margin: float | None = None) -> list[ItemResult]:
         return self.compress_items(self.encoder.encode_queries([query])[0], items,
-                                   CompressOptions(branching=branching, margin=margin))
+                                   CompressOptions(branching=branching, margin=margin, query=query))
 
 
 def format_forest(result: ItemResult, width: int = 72) -> str:

@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=None, help="R for multi-round methods")
     p.add_argument("--flat-m", type=int, default=None, help="leaves per item of the flat method")
     p.add_argument("--margin", type=float, default=None, help="refinement margin (default: the config's)")
+    p.add_argument("--mode", default=None, choices=["canopy", "hybrid"],
+                   help="refinement mode: canopy (Algorithm 1) or hybrid (default: the config's)")
     p.add_argument("--adapter", default=None, help="f_theta adapter folder (default: the config's)")
     p.add_argument("--llm-cache", default=None, help="SQLite file caching LLM replies (greedy: exact)")
     p.add_argument("--llm-url", default=None, metavar="URL",
@@ -155,6 +157,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load_config(args.config, **({"models": {"adapter": args.adapter}} if args.adapter else {}),
+                          **({"refinement": {"mode": args.mode}} if args.mode else {}),
                           **llm_override(args.llm_url, args.llm_model))
         result = evaluate(cfg, args.questions, args.corpus, methods=args.method, setting=args.setting,
                           index=args.index, dataset=args.dataset, n=args.n, seed=args.seed, split=args.split,

@@ -184,12 +184,12 @@ class Pipeline:
             items = await self._timed(ans, "fetch", self.backends.fetch(new_ids))
             whole = await self._aggregation_tables(ans, question, items, s)
             opts = CompressOptions(branching=s.branching, whole=whole, mode=s.mode, flat_m=s.flat_m, round=t,
-                                   margin=s.margin)
+                                   margin=s.margin, query=query)
             results = await self._timed(ans, "compress", self.backends.compress(qvec, items, opts))
             ans.results.extend(results)
             before += sum(r.tokens_before for r in results)
             after += sum(r.tokens_after for r in results)
-            pieces.extend(r.evidence for r in results)
+            pieces.extend(r.evidence for r in results if r.kept)  # an item left out adds nothing
             cap = s.video_token_cap if any(p.modality == "video" for p in pieces) else s.reader_token_cap
             reader_pieces = truncate_newest_first(pieces, min(cap, room), self.count_tokens)
             if t == s.rounds or await self._exhausted(seen):

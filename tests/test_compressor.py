@@ -149,3 +149,56 @@ def test_each_mode_encodes_only_what_it_reads():
     assert enc.encoded[0] == ((0, 4),) and len(enc.encoded) == canopy.encoded == len(canopy.scores)
     assert canopy.encoded_tokens == sum(len(piece(canopy.tree, [s]).text.split()) for s in canopy.scores)
     assert comp.stats["encoded"] == 4 + canopy.encoded
+
+
+STUMPF = {"id": "stumpf", "modality": "text", "title": "John Stumpf", "sentences": [
+    "John Gerard Stumpf (born September 15, 1953) is an American banker.",
+    "He was named CEO of Wells Fargo in June 2007, succeeding Dick Kovacevich.",
+    "He became chairman of the board in January 2010.",
+    "Stumpf grew up on a dairy farm in Pierz, Minnesota, one of eleven children.",
+    "He resigned in October 2016 after the Wells Fargo account fraud scandal."]}
+EIFFEL = {"id": "eiffel", "modality": "text", "title": "Eiffel Tower", "sentences": [
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France.",
+    "It is named after the engineer Gustave Eiffel, whose company designed and built the tower.",
+    "It was constructed from 1887 to 1889 as the centerpiece of the 1889 World's Fair.",
+    "The tower is 330 metres tall, about the same height as an 81-storey building."]}
+STUMPF_Q = "When was Stumpf named CEO of Wells Fargo?"
+
+
+@pytest.mark.integration
+def test_shipped_defaults_keep_the_answer_and_do_not_keep_an_unrelated_paragraph_whole(minilm):
+    import canopy_ray
+    from canopy_ray.integrations import compress_texts
+
+    stumpf, eiffel = canopy_ray.compress(STUMPF_Q, [STUMPF, EIFFEL])
+    assert any(a <= 1 < b for a, b in stumpf.kept), stumpf.kept  # the answer sentence
+    assert "June 2007" in stumpf.evidence.text
+    assert eiffel.kept != [(0, 4)] and eiffel.tokens_after < eiffel.tokens_before
+    # what the LangChain and LlamaIndex adapters return for each text
+    texts = [(d["id"], d["title"], " ".join(d["sentences"])) for d in (STUMPF, EIFFEL)]
+    (s_text, _), (e_text, e_report) = compress_texts(STUMPF_Q, texts)
+    assert "June 2007" in s_text and len(e_text) < len(texts[1][2])
+
+
+@pytest.mark.integration
+def test_hybrid_mode_ranks_every_leaf_together_and_leaves_out_unchosen_items(minilm):
+    from canopy_ray.core.evidence import node_text
+    from canopy_ray.core.lexical import scaled_bm25
+    from canopy_ray.core.refine import hybrid
+
+    items = [parse_item(json.loads(line)) for line in SAMPLE.read_text().splitlines()[:8]]
+    comp = Compressor(minilm, mode="hybrid", share=0.3, lexical=0.4, lead=True)
+    results = comp.compress(QUESTION, items)
+    trees = [r.tree for r in results]
+    nodes = [(i, n.span) for i, t in enumerate(trees) for n in t.nodes()]
+    lex = scaled_bm25(QUESTION, [node_text(trees[i], s) for i, s in nodes])
+    full = [_full_scores(minilm, t, QUESTION) for t in trees]
+    scores = [{} for _ in trees]
+    for (i, s), x in zip(nodes, lex):
+        scores[i][s] = full[i][s] + 0.4 * x
+    assert [r.kept for r in results] == hybrid([t.root for t in trees], scores, 0.3, lead=True)
+    assert all(r.encoded == len(r.tree.nodes()) for r in results)  # every node scored, once
+    out = [r for r in results if not r.kept]
+    assert out, "a share of 0.3 leaves some of these items out"
+    assert all(r.tokens_after == 0 and r.to_dict()["evidence"] == "" for r in out)
+    assert {d for r in out for d in r.decisions.values()} == {"dropped"}

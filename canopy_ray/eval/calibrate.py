@@ -1,6 +1,7 @@
 """Calibrating the refinement margin to a recall target (``canopy calibrate``).
 
-The margin d (:mod:`canopy_ray.core.refine`) trades reader tokens for kept answers. For every
+The margin d (:mod:`canopy_ray.core.refine`) of Algorithm 1 (``refinement.mode: canopy``, which
+the curves run whatever the config's mode) trades reader tokens for kept answers. For every
 ``validation`` question of each set (given setting, the reader skipped), CANOPY runs at each
 margin of a grid and the uncompressed loop (``no_projection``) once. Node vectors are encoded
 at the first margin and served from the runner's vector cache at the others, and LLM calls
@@ -134,7 +135,7 @@ def calibrate(cfg, data_dirs: dict[str, Path], target_loss: float, out_dir: Path
     client = client or client_from_config(cfg.llm)
     if llm_cache:
         client = CachedChatClient(client, llm_cache)
-    runner = Runner(cfg, client)
+    runner = Runner(cfg.override(refinement={"mode": "canopy"}), client)  # the margin is Algorithm 1's
     curves = {}
     for name, d in data_dirs.items():
         eval_set = load_eval_set(name, Path(d) / "questions.jsonl", Path(d) / "corpus.jsonl", n=n, split=split)

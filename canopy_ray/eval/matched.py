@@ -73,7 +73,7 @@ def budget_result(tree: ItemTree, kept: Sequence[Span], scores: Mapping[Span, fl
     fate = {n.span: ("kept" if n.span in kept else "dropped") if n.is_leaf else "split" for n in tree.nodes()}
     ev = piece(tree, kept, round)
     return ItemResult(tree, dict(scores), fate, kept, count_tokens(render(tree, [tree.root.span])),
-                      count_tokens(ev.text), ev)
+                      count_tokens(ev.text) if kept else 0, ev)
 
 
 def matched_results(kind: str, compressor: Compressor, query_vec: np.ndarray, items: Sequence,
@@ -84,7 +84,7 @@ def matched_results(kind: str, compressor: Compressor, query_vec: np.ndarray, it
     count = compressor.count_tokens
     if kind == "flat":  # every leaf scored by f_theta (the flat method's scoring), then refilled
         scored = compressor.compress_items(query_vec, items, CompressOptions(
-            branching=opts.branching, whole=opts.whole, mode="flat", flat_m=1, round=opts.round))
+            branching=opts.branching, whole=opts.whole, mode="flat", flat_m=1, round=opts.round, query=opts.query))
         return [replace(budget_result(r.tree, fill_budget(r.tree, score_order(r.tree, r.scores), budgets[r.id], count),
                                       r.scores, count, opts.round), encoded=r.encoded, encoded_tokens=r.encoded_tokens)
                 for r in scored]

@@ -427,6 +427,10 @@ class Runner:
                 progress(i + 1, len(eval_set.questions))
         return records
 
+    def refinement(self) -> dict:
+        """The compressor's refinement (``refinement`` config section; the margin resolved)."""
+        return self.cfg.refinement.model_dump() | {"margin": self.cfg.margin}
+
     def run(self, eval_set: EvalSet, method: Method, settings: Settings | None = None, setting: str = "given",
             progress=None, index=None, reader: bool = True) -> dict:
         """A finished run: ``{spec, records, aggregate, errors, wall_s}``. A matched-budget method
@@ -444,7 +448,8 @@ class Runner:
             "spec": run_spec(eval_set, method, settings, setting, self.node_adapter_id(method),
                              getattr(self.client, "model", "")) | {"reader": reader,
                                                                    "tokens_in": counter_name(self.cfg.llm),
-                                                                   "config_sha": self.config_sha()},
+                                                                   "config_sha": self.config_sha(),
+                                                                   "refinement": self.refinement()},
             "aggregate": aggregate(good),
             "errors": len(records) - len(good),
             "wall_s": round(time.perf_counter() - t0, 2),

@@ -11,7 +11,8 @@ Both compress in this process (:func:`canopy_ray.compress`, ``config`` a YAML pa
 the metadata key ``title_key``); the node or document keeps its id and metadata, its text
 becomes the kept evidence, and ``metadata["canopy"]`` holds the token report
 (``origin_tokens``, ``compressed_tokens``, ``ratio``) and the kept sentence spans. Empty texts
-pass through unchanged.
+pass through unchanged; a text CANOPY leaves out (nothing of it kept: :func:`left_out`) is
+dropped from the results, as LangChain's and LlamaIndex's own filters drop documents.
 """
 
 from __future__ import annotations
@@ -53,5 +54,10 @@ def compress_texts(query: str, texts: Sequence[tuple[str | None, str, str]], *, 
     results = (_client(url).compress(query, items, branching=branching, margin=margin) if url else
                canopy_ray.compress(query, items, config=config, branching=branching, margin=margin))
     for i, r in zip(todo, results, strict=True):
-        out[i] = (r.evidence.text, {**token_report([r]), "kept": [list(s) for s in r.kept]})
+        out[i] = (r.evidence.text if r.kept else "", {**token_report([r]), "kept": [list(s) for s in r.kept]})
     return out
+
+
+def left_out(result: tuple[str, dict] | None) -> bool:
+    """Whether :func:`compress_texts` kept nothing of a text (its document is dropped)."""
+    return result is not None and not result[1]["kept"]

@@ -18,12 +18,13 @@ from typing import Any, Optional, Sequence
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 
-from canopy_ray.integrations import REPORT_KEY, compress_texts
+from canopy_ray.integrations import REPORT_KEY, compress_texts, left_out
 
 
 class CanopyCompressor(BaseDocumentCompressor):
-    """Replaces each document's ``page_content`` by CANOPY's kept evidence for the query;
-    ``id`` and metadata stay, ``metadata["canopy"]`` gets the token report."""
+    """Replaces each document's ``page_content`` by CANOPY's kept evidence for the query (a
+    document it leaves out is dropped); ``id`` and metadata stay, ``metadata["canopy"]`` gets
+    the token report."""
 
     url: Optional[str] = None  # a served engine (canopy serve); None: this process
     config: Any = None  # in process: a YAML path or CanopyConfig (default: the CPU defaults)
@@ -38,4 +39,4 @@ class CanopyCompressor(BaseDocumentCompressor):
                               margin=self.margin)
         return [d if result is None else
                 d.model_copy(update={"page_content": result[0], "metadata": {**d.metadata, REPORT_KEY: result[1]}})
-                for d, result in zip(documents, done)]
+                for d, result in zip(documents, done) if not left_out(result)]

@@ -17,11 +17,12 @@ from llama_index.core.bridge.pydantic import Field
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
 
-from canopy_ray.integrations import REPORT_KEY, compress_texts
+from canopy_ray.integrations import REPORT_KEY, compress_texts, left_out
 
 
 class CanopyPostprocessor(BaseNodePostprocessor):
-    """Replaces each retrieved text node's text by CANOPY's kept evidence for the query;
+    """Replaces each retrieved text node's text by CANOPY's kept evidence for the query (a node
+    it leaves out is dropped);
     node ids, scores and metadata stay, ``metadata["canopy"]`` gets the token report (kept out
     of the LLM's and the embedder's view of the metadata)."""
 
@@ -48,6 +49,8 @@ class CanopyPostprocessor(BaseNodePostprocessor):
         for n, result in zip(nodes, done):
             if result is None:
                 out.append(n)
+                continue
+            if left_out(result):
                 continue
             node = n.node.model_copy(deep=True)
             node.set_content(result[0])

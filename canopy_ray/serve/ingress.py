@@ -364,7 +364,7 @@ class Ingress:
         qvec = await self._call("encode", lambda: self.query_encoder.encode.remote(req.query))
         t1 = time.perf_counter()
         margin = self.settings.margin if req.margin is None else req.margin
-        opts = CompressOptions(branching=req.branching, node_encoder=req.node_encoder, margin=margin)
+        opts = CompressOptions(branching=req.branching, node_encoder=req.node_encoder, margin=margin, query=req.query)
         results = await self._call("compress", lambda: self.refiner.compress.remote(qvec, items, opts))
         t2 = time.perf_counter()
         out = [r.to_dict(req.explain) for r in results]

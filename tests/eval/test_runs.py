@@ -98,9 +98,13 @@ def test_sample_is_fixed_and_nested():
     assert ten[:5] == five and sample_questions(qs, 5, seed=2) != five
 
 
+# The shipped refinement, scored by cosine alone (no BM25 beside it), so that node scores compare
+# with the encoders' own cosines
+COSINE = load_config(None, refinement={"lexical": 0.0})
+
 @pytest.fixture(scope="module")
 def runner(minilm):
-    return Runner(load_config(None), ScriptedClient(), encoder=minilm)
+    return Runner(COSINE, ScriptedClient(), encoder=minilm)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +153,7 @@ def test_methods_behave_as_specified(tiny_runs, tiny_set, minilm, random_adapter
     from canopy_ray.eval import runs
     from canopy_ray.models.encoder import TextEncoder
 
-    tuned = Runner(load_config(None), ScriptedClient(), encoder=TextEncoder(adapter=random_adapter))
+    tuned = Runner(COSINE, ScriptedClient(), encoder=TextEncoder(adapter=random_adapter))
     record = runs.question_record
 
     def run_scores(method):

@@ -41,10 +41,11 @@ def test_contextual_compression_retriever(minilm):
     retriever = retrievers.ContextualCompressionRetriever(base_compressor=CanopyCompressor(config=F0), base_retriever=base)
     docs = retriever.invoke(QUERY)
     plain = base.invoke(QUERY)
-    assert [d.id for d in docs] == [d.id for d in plain] and docs[0].id == "eiffel"
     expected = canopy_ray.compress(QUERY, [text_item(d.id, d.metadata["title"], d.page_content) for d in plain],
                                    config=F0)
-    for d, r in zip(docs, expected):
+    kept = [r for r in expected if r.kept]  # a document CANOPY leaves out is dropped
+    assert len(kept) < len(plain) and [d.id for d in docs] == [r.id for r in kept] and docs[0].id == "eiffel"
+    for d, r in zip(docs, kept):
         assert d.page_content == r.evidence.text and d.metadata["source"] == "wiki"
         assert d.metadata["canopy"] == {**canopy_ray.token_report([r]), "kept": [list(s) for s in r.kept]}
     assert len(docs[0].page_content) < len(DOCS[0][2])

@@ -47,13 +47,15 @@ def test_postprocessor_after_the_retriever(index):
     retrieved = index.as_retriever(similarity_top_k=2).retrieve(QUERY)
     originals = [n.node.get_content() for n in retrieved]
     out = CanopyPostprocessor(config=F0).postprocess_nodes(retrieved, query_str=QUERY)
-    assert [(n.node.node_id, n.score) for n in out] == [(n.node.node_id, n.score) for n in retrieved]
     assert out[0].node.ref_doc_id == "eiffel"
     assert [n.node.get_content() for n in retrieved] == originals  # the retrieved nodes are not touched
 
     expected = canopy_ray.compress(QUERY, [text_item(n.node.node_id, n.node.metadata["title"], text)
                                            for n, text in zip(retrieved, originals)], config=F0)
-    for n, r in zip(out, expected):
+    kept = [(n, r) for n, r in zip(retrieved, expected) if r.kept]  # a node CANOPY leaves out is dropped
+    assert len(kept) < len(retrieved)
+    assert [(n.node.node_id, n.score) for n in out] == [(n.node.node_id, n.score) for n, _ in kept]
+    for n, (_, r) in zip(out, kept):
         report = n.node.metadata["canopy"]
         assert n.node.get_content() == r.evidence.text
         assert report == {**canopy_ray.token_report([r]), "kept": [list(s) for s in r.kept]}
