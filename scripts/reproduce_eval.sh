@@ -4,9 +4,10 @@
 # Steps (each resumable: converted sets, the index and the LLM reply cache are kept in runs/):
 #   1. convert HotpotQA (dev700 + train100, one set), NQ (9 distractors, seed 0) and TAT-QA into runs/data/;
 #   2. given setting: every test question of each set, canopy / no_projection / random / flat_matched,
-#      reader skipped (answer recall is reader-free), at the paper's margin 0 (results/eval/given) and
-#      at the configuration's calibrated margin (results/eval/given-calibrated);
-#   3. open setting at the calibrated margin: one index of the three corpora (runs/eval-index/all),
+#      reader skipped (answer recall is reader-free): the shipped hybrid (results/eval/given-hybrid), and
+#      Algorithm 1 at the paper's margin 0 (results/eval/given) and at the adapter's calibrated margin
+#      (results/eval/given-calibrated);
+#   3. open setting, shipped configuration: one index of the three corpora (runs/eval-index/all),
 #      60 test questions per set, the SmolLM2 critic's follow-up rounds;
 #   4. canopy report results/eval (results.md, pareto.md and the PNGs).
 # Every run JSON's spec records the split, seed, n, candidate counts, config hash and adapter id.
@@ -26,8 +27,9 @@ $C data convert --format tatqa "$SHARED/tatqa/tatqa_dev.json" runs/data/tatqa
 for set in hotpotqa nq tatqa; do
     given=($C eval --config "$CONFIG" --questions runs/data/$set/questions.jsonl --corpus runs/data/$set/corpus.jsonl
            --dataset $set --split test --no-reader --llm-cache runs/llm.sqlite --method $METHODS)
-    "${given[@]}" --margin 0 --out results/eval/given/$set
-    "${given[@]}" --out results/eval/given-calibrated/$set
+    "${given[@]}" --out results/eval/given-hybrid/$set
+    "${given[@]}" --mode canopy --margin 0 --out results/eval/given/$set
+    "${given[@]}" --mode canopy --out results/eval/given-calibrated/$set
 done
 
 mkdir -p runs/eval-corpus

@@ -44,9 +44,9 @@ def test_margin_auto_reads_the_adapters_calibration(tmp_path):
         load_config(refinement={"margin": -0.1})
 
 
-# serve*.yaml are Ray Serve configs, sweep.yaml a sweep spec; the rest are CanopyConfig files
+# serve*.yaml are Ray Serve configs, sweep*.yaml sweep specs; the rest are CanopyConfig files
 CANOPY_CONFIGS = [p for p in sorted((ROOT / "configs").glob("*.yaml"))
-                  if not p.name.startswith("serve") and p.name != "sweep.yaml"]
+                  if not p.name.startswith(("serve", "sweep"))]
 
 
 @pytest.mark.parametrize("path", CANOPY_CONFIGS, ids=lambda p: p.name)

@@ -127,3 +127,10 @@ def test_committed_sweep_config_expands_to_the_ablation_and_the_grid():
     with pytest.raises(ValueError):
         SweepSpec.model_validate(yaml.safe_load("datasets: {x: {questions: q.jsonl}}\ngrids: [{methods: [nope]}]"))
     assert AblationSpec().methods[0] == "canopy"
+
+
+def test_committed_k_by_b_grid_expands_to_every_point():
+    spec = load_spec(ROOT / "configs" / "sweep-kb.yaml")
+    keys = {point_key(p) for p in expand(spec)}
+    for ds in spec.datasets:
+        assert {f"{ds}/no_iteration_k{k}_B{b}_n60_noreader" for k in (5, 10, 20) for b in (2, 3, 4)} <= keys
