@@ -36,13 +36,12 @@ NODE_ENCODERS = ("tuned", "frozen")
 class CompressOptions:
     """How one call compresses its items (travels as one value across a Serve handle).
 
-    ``mode``: ``canopy`` (refinement), ``hybrid`` (the best ``share`` of all the items' leaves,
-    each raised by the parent-child rule: :func:`canopy_ray.core.refine.hybrid`), ``none``
-    (items passed whole) or ``flat`` (the ``flat_m`` best leaves); ``whole`` names items kept
-    unsplit (aggregation tables); ``round`` tags the evidence; ``branching`` overrides B,
+    ``mode``: ``canopy`` (the compressor's refinement: Algorithm 1 or the hybrid), ``hybrid``,
+    ``none`` (items passed whole) or ``flat`` (the ``flat_m`` best leaves); ``whole`` names items
+    kept unsplit (aggregation tables); ``round`` tags the evidence; ``branching`` overrides B,
     ``margin`` the refinement margin (:mod:`canopy_ray.core.refine`), ``share`` the hybrid's
-    and ``gate`` the item gate (``canopy`` mode: an item whose best visited node scores more
-    than ``gate`` below the best item's is left out; ``inf``: off); None: the compressor's. Serve's Refiner also reads
+    share and ``gate`` the item gate (``inf``: off); None: the compressor's. ``query`` is the
+    query's text, for BM25 beside the cosine (``Compressor.lexical``). Serve's Refiner also reads
     ``node_encoder`` (``tuned`` f_theta or ``frozen`` f0) and ``use_store`` (take cached
     node vectors from the index: only for items that came from it).
     """
@@ -57,7 +56,7 @@ class CompressOptions:
     margin: float | None = None
     share: float | None = None
     gate: float | None = None
-    query: str = ""  # the query's text, for the lexical part of the score (Compressor.lexical)
+    query: str = ""
 
     def __post_init__(self):
         if self.margin is not None and not self.margin >= 0:
