@@ -135,6 +135,19 @@ def raise_by_rule(root: Node, leaves: Sequence[Span], scores: Mapping[Span, floa
     return sorted(s for s in raised if not any(o != s and o[0] <= s[0] and s[1] <= o[1] for o in raised))
 
 
+def top_leaves(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], share: float) -> list[list[Span]]:
+    """The best ``share`` of the leaves of all trees with children, ranked together (ties in
+    tree order): per tree, its chosen leaves in rank order."""
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
+    ranked = sorted(((scores[i][n.span], i, n.span) for i, r in enumerate(roots) if r.children
+                     for n, _ in r.walk() if n.is_leaf), key=lambda v: -v[0])
+    chosen: list[list[Span]] = [[] for _ in roots]
+    for _, i, s in ranked[:math.ceil(share * len(ranked))]:
+        chosen[i].append(s)
+    return chosen
+
+
 def hybrid(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], share: float,
            fallback: float = 0.0, lead: bool = False) -> list[list[Span]]:
     """The paper's remedy for flat selection (its Appendix G): the best ``share`` of all the
@@ -143,13 +156,7 @@ def hybrid(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], share:
     ``lead``: a tree with a chosen leaf also keeps its first one (a passage's first sentence
     names what it is about: a second-hop answer often stands there). A single-node tree (an image, a table kept
     whole) is kept. Kept spans per tree; ``[]``: nothing of the tree is chosen."""
-    if not 0 < share <= 1:
-        raise ValueError(f"share must be in (0, 1], got {share!r}")
-    ranked = sorted(((scores[i][n.span], i, n.span) for i, r in enumerate(roots) if r.children
-                     for n, _ in r.walk() if n.is_leaf), key=lambda v: -v[0])  # stable: ties in order
-    chosen: list[list[Span]] = [[] for _ in roots]
-    for _, i, s in ranked[:math.ceil(share * len(ranked))]:
-        chosen[i].append(s)
+    chosen = top_leaves(roots, scores, share)
     if lead:
         chosen = [c + [(r.span[0], r.span[0] + 1)] if c and (r.span[0], r.span[0] + 1) not in c else c
                   for r, c in zip(roots, chosen)]

@@ -21,14 +21,15 @@ Policies, over the scores ``tuned`` (f_theta) or ``tuned+bm25:w`` (plus w times 
 - ``flat r``: the same top r share of leaves, not raised (flat selection at that budget).
 
 Tables follow the rules classifier (aggregation tables whole), as ``critic.table_classifier:
-rules``. ``python -m canopy_ray.eval.study --data runs/data --out results/study``.
+rules``. Run ``python -m canopy_ray.eval.study --split validation`` and ``--split test`` (two
+processes; the second to finish writes ``results/study/study.md`` and ``.json``) on the sets
+``canopy data convert`` wrote to ``runs/data`` (``scripts/reproduce_eval.sh`` step 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -38,10 +39,12 @@ from canopy_ray.core.hierarchy import ItemTree, Span, build_tree
 from canopy_ray.core.items import TableItem
 from canopy_ray.core.lexical import bm25
 from canopy_ray.core.metrics import answer_recall, bootstrap_ci, informative, paired_difference_ci
-from canopy_ray.core.refine import drive, gate, hybrid, refine, score_lazily
+from canopy_ray.core.refine import drive, gate, hybrid, refine, score_lazily, top_leaves
 from canopy_ray.core.table_rules import table_kind
 
 SETS = ("hotpotqa", "nq", "tatqa")
+
+
 def trees_of(question, items) -> list[ItemTree]:
     out = []
     for c in question.candidates:
@@ -113,12 +116,8 @@ def apply(policy: str, trees: list[ItemTree], scores: list[dict[Span, float]]) -
         share, _, fb = arg.partition("/")
         return hybrid([t.root for t in trees], scores, float(share), float(fb or 0), lead=name == "lead")
     if name == "flat":  # the same leaves as the hybrid chooses, not raised
-        ranked = sorted(((sc[n.span], i, n.span) for i, (t, sc) in enumerate(zip(trees, scores)) if t.root.children
-                         for n in t.nodes() if n.is_leaf), key=lambda v: -v[0])
-        chosen: list[list[Span]] = [[] if t.root.children else [t.root.span] for t in trees]
-        for _, i, s in ranked[:math.ceil(float(arg) * len(ranked))]:
-            chosen[i].append(s)
-        return [sorted(c) for c in chosen]
+        chosen = top_leaves([t.root for t in trees], scores, float(arg))
+        return [sorted(c) if t.root.children else [t.root.span] for t, c in zip(trees, chosen)]
     raise ValueError(f"unknown policy {policy!r}")
 
 
