@@ -93,7 +93,11 @@ def parts_done(out: Path) -> int:
 
 
 def summary_of(log: Path) -> dict:
-    return json.loads(log.read_text().strip().splitlines()[-1])
+    """The index job's summary: its last JSON line (Ray may log a line or two after it)."""
+    for line in reversed(log.read_text().strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise ValueError(f"no summary line in {log}")
 
 
 def run_index_job(cluster: LocalCluster, argv: list[str], log: Path, timeout: float = 600) -> tuple[int, float]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -39,13 +40,39 @@ import psutil
 RAY = str(Path(sys.executable).parent / "ray")
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports of 127.0.0.1 (all held open together, so none repeats)."""
-    socks = [socket.socket() for _ in range(n)]
+def _ephemeral_start() -> int:
     try:
-        for s in socks:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports of 127.0.0.1 (all held open together, so none repeats), drawn
+    between Ray's worker ports (10002-19999) and the kernel's ephemeral range: a port bound
+    minutes later (a node's, Serve's HTTP port) is not taken meanwhile as the source port of some
+    process's outgoing connection, as an ephemeral one can be."""
+    socks, ports = [], []
+    candidates = list(range(20000, _ephemeral_start()))
+    random.shuffle(candidates)
+    try:
+        for port in candidates:
+            if len(ports) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            ports.append(port)
+        while len(ports) < n:  # no room below the ephemeral range: let the kernel choose
+            s = socket.socket()
             s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+        return ports
     finally:
         for s in socks:
             s.close()

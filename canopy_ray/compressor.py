@@ -40,7 +40,8 @@ class CompressOptions:
     ``none`` (items passed whole) or ``flat`` (the ``flat_m`` best leaves); ``whole`` names items
     kept unsplit (aggregation tables); ``round`` tags the evidence; ``branching`` overrides B,
     ``margin`` the refinement margin (:mod:`canopy_ray.core.refine`), ``share`` the hybrid's
-    share and ``gate`` the item gate (``inf``: off); None: the compressor's. ``query`` is the
+    share and ``gate`` the item gate (``inf``: off), ``refinement`` what ``canopy`` runs
+    (``canopy``: Algorithm 1, ``hybrid``); None: the compressor's. ``query`` is the
     query's text, for BM25 beside the cosine (``Compressor.lexical``). Serve's Refiner also reads
     ``node_encoder`` (``tuned`` f_theta or ``frozen`` f0) and ``use_store`` (take cached
     node vectors from the index: only for items that came from it).
@@ -57,6 +58,7 @@ class CompressOptions:
     share: float | None = None
     gate: float | None = None
     query: str = ""
+    refinement: str | None = None
 
     def __post_init__(self):
         if self.margin is not None and not self.margin >= 0:
@@ -65,6 +67,8 @@ class CompressOptions:
             raise ValueError(f"share must be in (0, 1], got {self.share!r}")
         if self.gate is not None and not self.gate >= 0:
             raise ValueError(f"gate must be >= 0, got {self.gate!r}")
+        if self.refinement not in (None, "canopy", "hybrid"):
+            raise ValueError(f"refinement must be canopy or hybrid, got {self.refinement!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.node_encoder not in NODE_ENCODERS:
@@ -267,8 +271,9 @@ class Compressor:
         return self.margin if opts.margin is None else opts.margin
 
     def mode_of(self, opts: CompressOptions) -> str:
-        """``canopy`` requests run the compressor's refinement mode (Algorithm 1 or the hybrid)."""
-        return self.mode if opts.mode == "canopy" else opts.mode
+        """``canopy`` requests run the request's refinement, else the compressor's (Algorithm 1
+        or the hybrid)."""
+        return (opts.refinement or self.mode) if opts.mode == "canopy" else opts.mode
 
     def _gate(self, opts: CompressOptions) -> float:
         return self.gate if opts.gate is None else opts.gate
@@ -324,9 +329,10 @@ class Compressor:
             return self._finish(run, done.value, opts)
 
     def compress(self, query: str, items: Sequence[Item], branching: int | None = None,
-                 margin: float | None = None) -> list[ItemResult]:
+                 margin: float | None = None, refinement: str | None = None) -> list[ItemResult]:
         return self.compress_items(self.encoder.encode_queries([query])[0], items,
-                                   CompressOptions(branching=branching, margin=margin, query=query))
+                                   CompressOptions(branching=branching, margin=margin, query=query,
+                                                   refinement=refinement))
 
 
 def format_forest(result: ItemResult, width: int = 72) -> str:

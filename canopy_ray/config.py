@@ -104,6 +104,15 @@ def resolve_path(path: str | None) -> str | None:
     return path
 
 
+def portable_path(path: str | None) -> str | None:
+    """:func:`resolve_path` undone: a path inside the installed package as ``package:...``, so a
+    written config or report names no machine's folders."""
+    root = Path(__file__).resolve().parent
+    if path and Path(path).is_absolute() and Path(path).resolve().is_relative_to(root):
+        return PACKAGE_PREFIX + Path(path).resolve().relative_to(root).as_posix()
+    return path
+
+
 MINILM_ADAPTER = "package:assets/adapters/minilm-canopy"  # the shipped f_theta of the CPU default
 
 

@@ -82,3 +82,10 @@ def test_unreadable_or_non_mapping_files(tmp_path):
     p.write_text("- 1\n")
     with pytest.raises(ConfigError):
         load_config(p)
+
+
+def test_portable_path_undoes_resolve_path():
+    from canopy_ray.config import MINILM_ADAPTER, portable_path, resolve_path
+
+    assert portable_path(resolve_path(MINILM_ADAPTER)) == MINILM_ADAPTER
+    assert portable_path("/elsewhere/adapter") == "/elsewhere/adapter" and portable_path(None) is None

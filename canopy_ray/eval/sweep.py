@@ -38,7 +38,7 @@ from typing import Callable, Literal
 import yaml
 from pydantic import Field, model_validator
 
-from canopy_ray.config import Section
+from canopy_ray.config import Section, portable_path
 from canopy_ray.core.files import digest, write_json
 from canopy_ray.eval.methods import METHODS, get_method
 from canopy_ray.eval.runs import SETTINGS
@@ -300,7 +300,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, root: str | Path = ".", c
     cfg_data = cfg.model_dump()
     points = expand(spec, digest(cfg_data, 12))
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "sweep.json", {"spec": spec.model_dump(), "config": cfg_data, "points": len(points)})
+    shown = cfg_data | {"models": cfg_data["models"] | {"adapter": portable_path(cfg_data["models"]["adapter"])}}
+    write_json(out_dir / "sweep.json", {"spec": spec.model_dump(), "config": shown, "points": len(points)})
     done = [p for p in points if _same_point(out_dir / "points" / f"{point_key(p)}.json", p)]
     pending = [p for p in points if p not in done]
     for p in done:  # roles may have grown since the file was written

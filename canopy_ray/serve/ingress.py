@@ -364,13 +364,15 @@ class Ingress:
         qvec = await self._call("encode", lambda: self.query_encoder.encode.remote(req.query))
         t1 = time.perf_counter()
         margin = self.settings.margin if req.margin is None else req.margin
-        opts = CompressOptions(branching=req.branching, node_encoder=req.node_encoder, margin=margin, query=req.query)
+        opts = CompressOptions(branching=req.branching, node_encoder=req.node_encoder, margin=margin, query=req.query,
+                               refinement=req.refinement)
         results = await self._call("compress", lambda: self.refiner.compress.remote(qvec, items, opts))
         t2 = time.perf_counter()
         out = [r.to_dict(req.explain) for r in results]
         totals = {k: sum(r[k] for r in out) for k in ("tokens_before", "tokens_after", "nodes_total",
                                                       "nodes_scored", "nodes_encoded", "encoded_tokens")}
         return {"items": out, **totals, "node_encoder": req.node_encoder, "margin": margin,
+                "refinement": req.refinement or self.cfg.refinement.mode,
                 "timings": {"encode_query": t1 - t0, "compress": t2 - t1}}
 
     @api.post("/v1/answer")

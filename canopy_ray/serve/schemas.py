@@ -20,6 +20,7 @@ class CompressRequest(Request):
     node_encoder: Literal["tuned", "frozen"] = "tuned"
     branching: int | None = Field(None, ge=2, le=16)
     margin: float | None = Field(None, ge=0, le=1)
+    refinement: Literal["canopy", "hybrid"] | None = None  # canopy: Algorithm 1; None: the server's
 
 
 class AnswerRequest(Request):

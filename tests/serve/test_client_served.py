@@ -55,12 +55,15 @@ def test_the_default_in_process_compresses_as_the_served_app(client):
     assert any(f.scores != pytest.approx(r.scores, abs=1e-4) for f, r in zip(frozen, local))  # f_theta is not f0
 
 
-def test_the_margin_travels_with_the_request(client):
-    wide = client.compress(QUERY, ITEMS, margin=1.0, explain=True)
+def test_the_refinement_and_its_margin_travel_with_the_request(client):
+    wide = client.compress(QUERY, ITEMS, margin=1.0, refinement="canopy", explain=True)
     assert [r.kept for r in wide] == [[r.tree.root.span] for r in wide]  # nothing beats a node by 1.0
     for margin in (0.0, 0.02):
-        local = canopy_ray.compress(QUERY, ITEMS, margin=margin)
-        assert [r.kept for r in local] == [r.kept for r in client.compress(QUERY, ITEMS, margin=margin)]
+        local = canopy_ray.compress(QUERY, ITEMS, margin=margin, refinement="canopy")
+        served = client.compress(QUERY, ITEMS, margin=margin, refinement="canopy")
+        assert [r.kept for r in local] == [r.kept for r in served]
+    hybrid = client.compress(QUERY, ITEMS, refinement="hybrid")
+    assert [r.kept for r in hybrid] == [r.kept for r in canopy_ray.compress(QUERY, ITEMS)]
 
 
 def test_client_errors_and_answer(client):
