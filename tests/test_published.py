@@ -75,7 +75,8 @@ def test_the_rules_catch_what_they_name(tmp_path):
     bad = tmp_path / "bad.md"
     # the phrases assembled, as in MACHINERY, so that this file does not read as one of them
     bad.write_text("Kill -9 (issue" + " 16)\nMeasured while helpers" + "' tests ran\n"
-                   "the 64 MB a device" + " run may carry\nadapter `/" + "work/main/x`\nsee /home/alice/notes\nas in ray-project/ray#51234\n"
+                   "the 64 MB a device" + " run may carry\nadapter `/" + "work/main/x`\n"
+                   "see /home/alice/notes\nas in ray-project/ray#51234\n"
                    "what we aimed for\nPR #7 fixed it\n")
     found = hits([bad])
     lines = {rule: [h.split(":")[1] for h in found[rule]] for rule in found}
