@@ -39,8 +39,12 @@ def bm25(query: str, texts: Sequence[str], k1: float = 1.2, b: float = 0.75) -> 
     return out
 
 
-def scaled_bm25(query: str, texts: Sequence[str]) -> list[float]:
-    """:func:`bm25` divided by its largest value (all 0 when no text shares a word)."""
-    raw = bm25(query, texts)
+def scaled(raw: Sequence[float]) -> list[float]:
+    """Scores divided by their largest (all 0 when none is positive): BM25 on [0, 1]."""
     top = max(raw, default=0.0)
     return [x / top for x in raw] if top > 0 else [0.0] * len(raw)
+
+
+def scaled_bm25(query: str, texts: Sequence[str]) -> list[float]:
+    """:func:`bm25` divided by its largest value (all 0 when no text shares a word)."""
+    return scaled(bm25(query, texts))

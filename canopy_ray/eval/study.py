@@ -37,7 +37,7 @@ import numpy as np
 from canopy_ray.core.evidence import evidence_body, head, piece, render_evidence
 from canopy_ray.core.hierarchy import ItemTree, Span, build_tree
 from canopy_ray.core.items import TableItem
-from canopy_ray.core.lexical import bm25
+from canopy_ray.core.lexical import bm25, scaled
 from canopy_ray.core.metrics import answer_recall, bootstrap_ci, informative, paired_difference_ci
 from canopy_ray.core.refine import drive, gate, hybrid, refine, score_lazily, top_leaves
 from canopy_ray.core.table_rules import table_kind
@@ -87,8 +87,7 @@ def node_scores(rec: dict, scorer: str, n_items: int) -> list[dict[Span, float]]
     base, _, w = scorer.partition("+bm25:")
     s = np.asarray(rec[base], float)
     if w:
-        lex = np.asarray(rec["bm25"], float)
-        s = s + float(w) * lex / max(lex.max(), 1e-9)  # as core.lexical.scaled_bm25
+        s = s + float(w) * np.asarray(scaled(rec["bm25"]))
     out: list[dict[Span, float]] = [{} for _ in range(n_items)]
     for (i, span), v in zip(rec["nodes"], s):
         out[i][tuple(span)] = float(v)
