@@ -12,10 +12,14 @@ all the items' leaves together and lets the parent-child rule decide how far up 
 leaf's context reaches (:func:`canopy_ray.core.refine.hybrid`). There, and in ``flat``,
 ``refinement.lexical`` adds BM25 over the nodes scored together to each cosine
 (:mod:`canopy_ray.core.lexical`).
+
+With ``models.scorer`` a cross-encoder (:mod:`canopy_ray.models.cross`) reads the question and
+each node's text together and its score replaces the cosine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -167,9 +171,11 @@ class _Scoring:
     """One call's scoring: vectors from the node store, the cache or the encoder, and counts."""
 
     def __init__(self, comp: "Compressor", trees: Sequence[ItemTree], query_vec: np.ndarray, query: str = "",
-                 lexical: float = 0.0):
-        self.comp, self.trees, self.text, self.lexical = comp, trees, query, lexical
+                 lexical: float = 0.0, cross: float = 0.0):
+        self.comp, self.trees, self.text, self.lexical, self.cross = comp, trees, query, lexical, cross
         self.query = np.asarray(query_vec, np.float32)
+        if cross and not query:
+            raise ValueError("the cross-encoder's term needs the query's text (CompressOptions.query)")
         store = comp.node_store if comp.node_store is not None and comp.node_store.usable_for(comp.encoder) else None
         self.stored = [(store.lookup(t.item.id) or {}) if store else {} for t in trees]
         self.encoded = [0] * len(trees)
@@ -197,8 +203,12 @@ class _Scoring:
             vecs.append(vec)
         return vecs, todo, pieces, keys
 
-    def scores(self, ask: Ask, found, fresh: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
-        """Cosines of the asked nodes, the freshly encoded ones cached and counted."""
+    def pieces(self, ask: Ask) -> list[Piece]:
+        return [piece(self.trees[i], [n.span]) for i, n in ask]
+
+    def scores(self, ask: Ask, found, fresh: np.ndarray, tokens: Sequence[int], pairs=None) -> np.ndarray:
+        """Cosines of the asked nodes (the freshly encoded ones cached and counted), plus BM25 and
+        the cross-encoder's ``pairs`` scores by their weights."""
         vecs, todo, _, keys = found
         for k, vec, key, n in zip(todo, fresh, keys, tokens, strict=True):
             vecs[k] = vec
@@ -211,6 +221,8 @@ class _Scoring:
         if not vecs:
             return np.zeros(0)
         cos = np.stack([np.asarray(v, np.float32) for v in vecs]) @ self.query
+        if self.cross:
+            cos = cos + np.float32(self.cross) * np.asarray(pairs, np.float32)
         if self.lexical and self.text:
             lex = scaled_bm25(self.text, [node_text(self.trees[i], n.span) for i, n in ask])
             cos = cos + np.float32(self.lexical) * np.asarray(lex, np.float32)
@@ -228,14 +240,17 @@ class Compressor:
     (``model_id``, ``adapter_id``); an async caller passes its own encode function instead.
     ``stats`` counts nodes served by the store, by the cache, and encoded (with their tokens).
     ``margin``, ``mode``, ``share``, ``fallback``, ``lead``, ``gate`` and ``lexical`` are the
-    config's ``refinement`` section (:class:`canopy_ray.config.RefinementConfig`).
+    config's ``refinement`` section (:class:`canopy_ray.config.RefinementConfig`); ``cross``
+    weighs the cross-encoder's score (``models.scorer``: the encoder's ``score_nodes``, or the
+    ``score`` a Serve caller passes) added in the one-ask modes.
     """
 
     def __init__(self, encoder, branching: int = 2, segment_s: float = 30.0, frame_every_s: float = 10.0,
                  max_frames: int = 32, count_tokens: TokenCounter = count_words, node_store=None, cache=None,
                  margin: float = 0.0, mode: str = "canopy", share: float = 0.5, gate: float = math.inf,
-                 lexical: float = 0.0, fallback: float = 0.0, lead: bool = False):
+                 lexical: float = 0.0, fallback: float = 0.0, lead: bool = False, cross: float = 0.0):
         self.encoder, self.margin, self.mode, self.share, self.gate = encoder, margin, mode, share, gate
+        self.cross = cross
         self.lexical, self.fallback, self.lead = lexical, fallback, lead
         self.tree_args = dict(branching=branching, segment_s=segment_s, frame_every_s=frame_every_s,
                               max_frames=max_frames)
@@ -246,7 +261,8 @@ class Compressor:
     @classmethod
     def from_config(cls, cfg, encoder, **kw) -> "Compressor":
         """A compressor with the config's hierarchy and, unless ``cache`` is given (shared),
-        a vector cache of ``models.cache_mb``."""
+        a vector cache of ``models.cache_mb``. ``refinement.cross`` applies to an encoder with a
+        cross-encoder (``score_nodes``: f_theta with ``models.scorer``); f0 scores by cosine alone."""
         if "cache" not in kw and cfg.models.cache_mb:
             from canopy_ray.models.vector_cache import VectorCache
 
@@ -254,7 +270,8 @@ class Compressor:
         h, r = cfg.hierarchy, cfg.refinement
         return cls(encoder, h.branching, h.segment_s, h.frame_every_s, h.max_frames, margin=cfg.margin,
                    mode=r.mode, share=r.share, gate=math.inf if r.gate is None else r.gate, lexical=r.lexical,
-                   fallback=r.fallback, lead=r.lead, **kw)
+                   fallback=r.fallback, lead=r.lead,
+                   **{"cross": r.cross if hasattr(encoder, "score_nodes") else 0.0} | kw)
 
     def tree(self, item: Item, whole: bool = False, branching: int | None = None) -> ItemTree:
         args = self.tree_args | ({"branching": branching} if branching else {})
@@ -283,8 +300,11 @@ class Compressor:
         levels = (_score_leaves(roots) if mode == "flat" else score_all(roots) if mode == "hybrid"
                   else score_lazily(roots, self.margin_of(opts), lone=self._gate(opts) < math.inf))
         # BM25's statistics need the nodes scored together: the hybrid's and flat's one ask, not
-        # Algorithm 1's levels (which scores by cosine alone, as the paper)
-        return _Scoring(self, trees, query_vec, opts.query, 0.0 if mode == "canopy" else self.lexical), levels
+        # Algorithm 1's levels (which scores by cosine alone, as the paper); the cross-encoder's
+        # term goes with them
+        one_ask = mode != "canopy"
+        return _Scoring(self, trees, query_vec, opts.query, self.lexical if one_ask else 0.0,
+                        self.cross if one_ask else 0.0), levels
 
     def _finish(self, run: _Scoring, scores: list[dict], opts: CompressOptions) -> list[ItemResult]:
         mode, count, t = self.mode_of(opts), self.count_tokens, opts.round
@@ -310,21 +330,25 @@ class Compressor:
         def score(ask: Ask) -> np.ndarray:
             found = run.lookup(ask)
             fresh, tokens = self._encode(found[2]) if found[2] else (np.zeros((0, 0)), [])
-            return run.scores(ask, found, fresh, tokens)
+            pairs = self.encoder.score_nodes(opts.query, run.pieces(ask)) if run.cross else None
+            return run.scores(ask, found, fresh, tokens, pairs)
 
         return self._finish(run, drive(levels, score), opts)
 
     async def acompress_items(self, query_vec: np.ndarray, items: Sequence[Item], opts: CompressOptions,
-                              encode) -> list[ItemResult]:
+                              encode, score=None) -> list[ItemResult]:
         """:meth:`compress_items` with an awaitable ``encode(pieces) -> (vectors, token counts)``
-        (a Serve deployment): one call per tree level, all items together."""
+        (a Serve deployment): one call per tree level, all items together; with ``cross``, the
+        awaitable ``score(pieces)`` (the cross-encoder's scores against ``opts.query``) beside it."""
         run, levels = self._start(self.trees(items, opts), opts, query_vec)
         try:
             ask = next(levels)
             while True:
                 found = run.lookup(ask)
-                fresh, tokens = await encode(found[2]) if found[2] else (np.zeros((0, 0)), [])
-                ask = levels.send(run.scores(ask, found, fresh, tokens))
+                none = asyncio.sleep(0, (np.zeros((0, 0)), []))
+                (fresh, tokens), pairs = await asyncio.gather(encode(found[2]) if found[2] else none,
+                                                              score(run.pieces(ask)) if run.cross else asyncio.sleep(0))
+                ask = levels.send(run.scores(ask, found, fresh, tokens, pairs))
         except StopIteration as done:
             return self._finish(run, done.value, opts)
 

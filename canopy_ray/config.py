@@ -71,6 +71,8 @@ class RefinementConfig(Section):
     lexical: float = Field(0.8, ge=0, description="hybrid (and flat): weight of BM25, scaled to [0, 1] over the "
                            "nodes scored together, added to each node's cosine; 0 = cosine alone (canopy mode "
                            "always scores by cosine alone)")
+    cross: float = Field(0.0, ge=0, description="hybrid (and flat): weight of the cross-encoder's score "
+                         "(models.scorer, a probability) added to f_theta's; 0 = none")
 
     @field_validator("margin")
     @classmethod
@@ -121,6 +123,9 @@ class ModelsConfig(Section):
     encoder_path: str | None = Field(None, description="model directory; None = the packaged default")
     adapter: str | None = Field(None, description="LoRA adapter directory for f_theta; null = f0; unset: "
                                 "the shipped adapter for minilm, none for qwen3-vl")
+    scorer: str | None = Field(None, description="a cross-encoder node scorer directory (canopy_ray.train.cross) "
+                               "that scores f_theta's nodes from the question and node text together; "
+                               "null = cosine of f0(q) and f_theta(v)")
     max_length: int = Field(256, ge=8, description="encoder input tokens at most")
     batch_size: int = Field(64, ge=1)
     batch_tokens: int | None = Field(None, ge=1, description="padded tokens per encoder batch at most (texts "
@@ -131,6 +136,8 @@ class ModelsConfig(Section):
         "torch", description="MiniLM on CPU: torch, or ONNX Runtime fp32 / int8 (exported once into "
                              "$CANOPY_ONNX_CACHE or ~/.cache/canopy-ray/onnx); GPUs and qwen3-vl run torch")
     cache_mb: float = Field(256, ge=0, description="node-vector cache (LRU) per process or Refiner replica; 0 = off")
+    threads: int | None = Field(None, ge=1, description="torch threads of a Serve encoder replica; None = the "
+                                "node's CPUs (Ray would give a replica of under one CPU a single thread)")
 
     @model_validator(mode="before")
     @classmethod
@@ -139,10 +146,21 @@ class ModelsConfig(Section):
             data = {**data, "adapter": MINILM_ADAPTER}
         return data
 
-    @field_validator("adapter", "encoder_path")
+    @field_validator("adapter", "encoder_path", "scorer")
     @classmethod
     def _package_paths(cls, v: str | None) -> str | None:
         return resolve_path(v)
+
+
+class CrossTrainingConfig(Section):
+    """The cross-encoder node scorer's recipe (``canopy train --scorer cross``)."""
+
+    lr: float = Field(4e-5, gt=0)
+    epochs: float = Field(2.0, gt=0)
+    batch_size: int = Field(16, ge=1, description="examples (a node and its children) per step")
+    warmup: float = Field(0.06, ge=0, lt=1, description="warm-up share of the steps, then linear decay")
+    tuned_layers: int = Field(3, ge=1, description="the top N encoder layers and the head are trained")
+    max_length: int = Field(160, ge=16, description="tokens of question and node together, in training")
 
 
 class TrainingConfig(Section):
@@ -179,6 +197,7 @@ class TrainingConfig(Section):
                                  "without a better checkpoint; None = never")
     stop_repeat: int = Field(1, ge=1, description="each fully-gold ('stop here') train instance "
                              "appears this many times per epoch; 1 = CANOPY's data")
+    cross: CrossTrainingConfig = CrossTrainingConfig()
 
 
 class LLMSection(Section):
@@ -305,6 +324,13 @@ class CanopyConfig(Section):
     index: IndexConfig = IndexConfig()
     llm: LLMSection = LLMSection()
     serve: ServeConfig = ServeConfig()
+
+    @model_validator(mode="after")
+    def _cross_needs_a_scorer(self):
+        if self.refinement.cross and not self.models.scorer:
+            raise ValueError("refinement.cross weighs the cross-encoder's score: set models.scorer to its directory "
+                             "(canopy train --scorer cross)")
+        return self
 
     @property
     def margin(self) -> float:

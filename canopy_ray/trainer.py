@@ -41,7 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
                "last checkpoint. The final adapter (PEFT layout) is written to --out "
                "(default <storage>/<name>/adapter).")
     p.add_argument("--config", default="configs/cpu.yaml")
-    p.add_argument("--name", default="minilm-canopy", help="run name (same name = resume)")
+    p.add_argument("--scorer", choices=["lora", "cross"], default="lora",
+                   help="lora: f_theta, LoRA on the bi-encoder (the paper's); cross: the cross-encoder node "
+                        "scorer (training.cross's recipe; written to <storage>/<name>/scorer, set "
+                        "models.scorer to it)")
+    p.add_argument("--name", default=None, help="run name (same name = resume; default minilm-canopy, "
+                                                "minilm-cross with --scorer cross)")
     p.add_argument("--storage", default="runs/train", help="Ray Train storage path")
     p.add_argument("--out", default=None, help="final adapter directory")
     p.add_argument("--sets", nargs="+", default=list(SHARED_SETS), choices=list(SHARED_SETS))
@@ -86,13 +91,21 @@ def main(argv=None) -> int:
         ray.init(address=args.address, include_dashboard=False,
                  **({"num_cpus": 2} if args.address == "local" else {}))
     overrides = {k: getattr(args, k) for k in TRAINING_OVERRIDES if getattr(args, k) is not None}
-    out = Path(args.out) if args.out else Path(args.storage) / args.name / "adapter"
+    cross = args.scorer == "cross"
+    name = args.name or ("minilm-cross" if cross else "minilm-canopy")
+    out = Path(args.out) if args.out else Path(args.storage) / name / ("scorer" if cross else "adapter")
     try:
         cfg = load_config(args.config, training=overrides) if overrides else load_config(args.config)
         dirs = prepare_shared(args.shared_data, args.work_dir, args.sets)
-        result = train(cfg, dirs, args.storage, args.name, out, max_steps=args.max_steps,
-                       checkpoint_every=args.checkpoint_every, time_budget_s=args.time_budget_s,
-                       **({"cache_dir": args.cache_dir} if args.cache_dir else {}))
+        if cross:
+            from canopy_ray.train.cross import train_cross
+
+            result = train_cross(cfg, dirs, args.storage, name, out, max_steps=args.max_steps,
+                                 checkpoint_every=args.checkpoint_every)
+        else:
+            result = train(cfg, dirs, args.storage, name, out, max_steps=args.max_steps,
+                           checkpoint_every=args.checkpoint_every, time_budget_s=args.time_budget_s,
+                           **({"cache_dir": args.cache_dir} if args.cache_dir else {}))
     except (ConfigError, CanopyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -202,3 +202,34 @@ def test_hybrid_mode_ranks_every_leaf_together_and_leaves_out_unchosen_items(min
     assert out, "a share of 0.3 leaves some of these items out"
     assert all(r.tokens_after == 0 and r.to_dict()["evidence"] == "" for r in out)
     assert {d for r in out for d in r.decisions.values()} == {"dropped"}
+
+
+@pytest.fixture(scope="module")
+def cross_scored(minilm):
+    from canopy_ray.models.cross import CrossScored, CrossScorer
+
+    return CrossScored(minilm, CrossScorer())
+
+
+def test_the_cross_encoders_term_adds_to_each_cosine(cross_scored, minilm):
+    """``cross`` adds the cross-encoder's (question, node) score to f_theta's cosine in the hybrid;
+    Algorithm 1 and the f0 baseline score by cosine alone; without the query's text it refuses."""
+    from canopy_ray.core.evidence import node_text
+    from canopy_ray.core.refine import hybrid
+
+    items = [parse_item(json.loads(line)) for line in SAMPLE.read_text().splitlines()[:4]]
+    results = Compressor(cross_scored, mode="hybrid", share=0.4, cross=0.4).compress(QUESTION, items)
+    scores = []
+    for r in results:
+        spans = [n.span for n in r.tree.nodes()]
+        pair = cross_scored.scorer.score(QUESTION, [node_text(r.tree, s) for s in spans])
+        cos = _full_scores(minilm, r.tree, QUESTION)
+        scores.append({s: cos[s] + 0.4 * float(p) for s, p in zip(spans, pair)})
+        assert r.scores == pytest.approx(scores[-1], abs=1e-5)
+    assert [r.kept for r in results] == hybrid([r.tree.root for r in results], scores, 0.4)
+    (alg1,) = Compressor(cross_scored, cross=0.4).compress(QUESTION, [TEXT])
+    cos = _full_scores(minilm, alg1.tree, QUESTION)
+    assert alg1.scores == pytest.approx({s: cos[s] for s in alg1.scores}, abs=1e-5)
+    with pytest.raises(ValueError, match="query's text"):
+        Compressor(cross_scored, mode="hybrid", cross=0.4).compress_items(
+            cross_scored.encode_queries([QUESTION])[0], items)

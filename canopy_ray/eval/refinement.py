@@ -153,7 +153,14 @@ def encode_texts(encoder, texts: Sequence[str], chunk: int = 1024) -> np.ndarray
 def score_items(gold: Sequence[GoldItem], q_vecs: Mapping[str, np.ndarray], encoder,
                 cache_dir: str | Path | None = None) -> list[dict]:
     """Node scores per gold item: cos(f0(q), encoder nodes); node texts encoded once each
-    (and cached per encoder in ``cache_dir`` when given)."""
+    (and cached per encoder in ``cache_dir`` when given). A cross-encoder (``score(query,
+    texts)``) scores each item's nodes with its question instead."""
+    if hasattr(encoder, "score"):
+        from tqdm import tqdm
+
+        return [dict(zip(spans := [n.span for n in gi.tree.nodes()],
+                         encoder.score(gi.question.question, [node_text(gi.tree, s) for s in spans]).tolist()))
+                for gi in tqdm(gold, desc="cross-encoder", unit="item", disable=None)]
     texts: dict[str, int] = {}
     per_item = []
     for gi in gold:
@@ -263,7 +270,8 @@ def collect(data_dirs: Mapping[str, str | Path], split: str | None, branching: i
 
 
 def run(cfg, data_dirs: Mapping[str, str | Path], split: str | None, out_dir: str | Path,
-        adapter: str | Path | None = None, cache_dir: str | Path | None = None) -> dict:
+        adapter: str | Path | None = None, cache_dir: str | Path | None = None,
+        cross: str | Path | None = None) -> dict:
     """Evaluate f0 (and f_theta when ``adapter`` is given) and write ``refinement.json``,
     ``refinement.md`` and ``refinement_by_depth.png`` into ``out_dir``. Query and node
     vectors are cached in ``cache_dir`` (keyed by encoder and texts) when given."""
@@ -272,10 +280,15 @@ def run(cfg, data_dirs: Mapping[str, str | Path], split: str | None, out_dir: st
     gold = collect(data_dirs, split, cfg.hierarchy.branching)
     f_theta = build_encoder(cfg.models.model_copy(update={"adapter": adapter}))
     encoders = {"f0": frozen_nodes(f_theta)} | ({"f_theta": f_theta} if adapter else {})
+    if cross:
+        from canopy_ray.models.cross import CrossScorer
+
+        encoders["cross"] = CrossScorer(cross, max_length=cfg.models.max_length)
     report = evaluate(gold, encoders, cache_dir=cache_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"split": split or "all", "sets": sorted(data_dirs), "adapter": str(adapter) if adapter else None}
+    meta = {"split": split or "all", "sets": sorted(data_dirs), "adapter": str(adapter) if adapter else None,
+            "cross": str(cross) if cross else None}
     write_json(out / "refinement.json", {"meta": meta, "report": report}, default=float)
     write_text(out / "refinement.md",
         f"Refinement on gold items, split `{meta['split']}`, adapter `{meta['adapter']}`\n\n"
@@ -300,6 +313,7 @@ def build_parser():
     p.add_argument("--work-dir", default="runs/data", help="converted data sets go here")
     p.add_argument("--adapter", default=None, help="f_theta adapter dir (default: config's)")
     p.add_argument("--frozen", action="store_true", help="evaluate f0 only")
+    p.add_argument("--cross", default=None, help="also a cross-encoder scorer (canopy_ray.train.cross)")
     p.add_argument("--out", default="runs/eval-refinement")
     p.add_argument("--cache", default=None, help="cache query/node vectors here (per encoder)")
     return p
@@ -321,7 +335,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     adapter = None if args.frozen else (args.adapter or resolve_path(cfg.models.adapter))
-    report = run(cfg, dirs, None if args.split == "all" else args.split, args.out, adapter, args.cache)
+    report = run(cfg, dirs, None if args.split == "all" else args.split, args.out, adapter, args.cache, args.cross)
     print(to_markdown(report))
     print(f"wrote {args.out}/refinement.md, refinement.json, refinement_by_depth.png")
     return 0

@@ -8,7 +8,8 @@ against passing every item whole (``no_projection``) and the informative body an
 on the questions :func:`canopy_ray.core.metrics.informative` admits), with paired 95% intervals.
 
 Policies, over the scores ``tuned`` (f_theta) or ``tuned+bm25:w`` (plus w times BM25 scaled to
-[0, 1] within the question):
+[0, 1] within the question); with ``--cross DIR`` also ``cross`` (the cross-encoder node scorer of
+:mod:`canopy_ray.train.cross`, a probability) alone, with BM25, and added to ``tuned+bm25:0.8``:
 
 - ``canopy m``: Algorithm 1 at margin m (:func:`canopy_ray.core.refine.refine`);
 - ``gate m/d``: refinement at margin m, then an item whose best visited node scores below the
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from canopy_ray.core.evidence import evidence_body, head, piece, render_evidence
+from canopy_ray.core.evidence import evidence_body, head, node_text, piece, render_evidence
 from canopy_ray.core.hierarchy import ItemTree, Span, build_tree
 from canopy_ray.core.items import TableItem
 from canopy_ray.core.lexical import bm25, scaled
@@ -83,11 +84,27 @@ def score_set(eval_set, encoder, path: Path) -> list[dict]:
     return out
 
 
+def cross_scores(eval_set, recs: list[dict], scorer, path: Path) -> None:
+    """Adds the cross-encoder's score of every node to each question's record (cached at ``path``)."""
+    if not path.is_file():
+        from tqdm import tqdm
+
+        out = []
+        for q, rec in zip(tqdm(eval_set.questions, desc=path.stem), recs):
+            trees = trees_of(q, eval_set.items)
+            out.append(scorer.score(q.question, [node_text(trees[i], tuple(s)) for i, s in rec["nodes"]]).tolist())
+        path.write_text(json.dumps(out))
+    for rec, s in zip(recs, json.loads(path.read_text()), strict=True):
+        rec["cross"] = s
+
+
 def node_scores(rec: dict, scorer: str, n_items: int) -> list[dict[Span, float]]:
-    base, _, w = scorer.partition("+bm25:")
+    """``base+name:w+...``: the base score plus w times each named one (BM25 scaled to [0, 1])."""
+    base, *terms = scorer.split("+")
     s = np.asarray(rec[base], float)
-    if w:
-        s = s + float(w) * np.asarray(scaled(rec["bm25"]))
+    for term in terms:
+        name, _, w = term.partition(":")
+        s = s + float(w) * np.asarray(scaled(rec["bm25"]) if name == "bm25" else rec[name], float)
     out: list[dict[Span, float]] = [{} for _ in range(n_items)]
     for (i, span), v in zip(rec["nodes"], s):
         out[i][tuple(span)] = float(v)
@@ -144,7 +161,9 @@ def summary(rows: list[dict], whole: list[dict]) -> dict:
             "delta": d.mean, "delta_ci": [d.low, d.high], "n": len(rows), "n_inf": len(rec)}
 
 
-SCORERS = ("tuned", "tuned+bm25:0.2", "tuned+bm25:0.4", "tuned+bm25:0.8")
+SCORERS = ("tuned", "tuned+bm25:0.2", "tuned+bm25:0.4", "tuned+bm25:0.8", "tuned+bm25:1.2", "tuned+bm25:1.6")
+CROSS = ("cross", "cross+bm25:0.2", "cross+bm25:0.4", "cross+bm25:0.8",
+         "tuned+bm25:0.8+cross:0.2", "tuned+bm25:0.8+cross:0.4")
 POLICIES = (["canopy 0", "canopy 0.05"] + [f"{g} 0.05/{d}" for g in ("gate", "gate-leaf") for d in (0.1, 0.2)]
             + [f"{p} {r}" for p in ("hybrid", "lead", "flat") for r in (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6)]
             + ["hybrid 0.4/0.02", "hybrid 0.5/0.02", "lead 0.4/0.02", "lead 0.5/0.02"])
@@ -181,6 +200,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default="runs/study", help="cached node scores")
     ap.add_argument("--out", default="results/study")
     ap.add_argument("--config", default=None)
+    ap.add_argument("--cross", default=None, help="a cross-encoder scorer (canopy_ray.train.cross) to "
+                    "compare as scorers cross and cross+bm25:w")
     ap.add_argument("--split", choices=["validation", "test"], default=None,
                     help="score and replay one split only (two processes in parallel); the tables are "
                          "written once both splits' results are in --work")
@@ -193,6 +214,11 @@ def main(argv=None) -> int:
     cfg = load_config(args.config)
     encoder = build_encoder(cfg.models)
     count = token_counter(cfg.llm)
+    cross = None
+    if args.cross:
+        from canopy_ray.models.cross import CrossScorer
+
+        cross = CrossScorer(args.cross, max_length=cfg.models.max_length)
     work = Path(args.work)
     for split in [args.split] if args.split else ["validation", "test"]:
         res = {}
@@ -200,9 +226,11 @@ def main(argv=None) -> int:
             d = Path(args.data) / s
             es = load_eval_set(s, d / "questions.jsonl", d / "corpus.jsonl", split=split)
             recs = score_set(es, encoder, work / f"{s}-{split}.json")
+            if cross is not None:
+                cross_scores(es, recs, cross, work / f"{s}-{split}-cross.json")
             whole = evaluate("whole", "tuned", es, recs, count)
             res[s] = [{"scorer": sc, "policy": p, **summary(evaluate(p, sc, es, recs, count), whole)}
-                      for sc in SCORERS for p in POLICIES]
+                      for sc in SCORERS + (CROSS if cross else ()) for p in POLICIES]
             print(f"{split} {s}: {len(es.questions)} questions", flush=True)
         (work / f"results-{split}.json").write_text(json.dumps(res))
     if not all((work / f"results-{split}.json").is_file() for split in ("validation", "test")):

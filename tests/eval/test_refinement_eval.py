@@ -53,6 +53,22 @@ def test_summary_matches_the_hand_worked_refinement():
     assert report["all"]["f0"]["summary"] == bad
 
 
+class PairScorer:
+    """A scorer of (question, node) pairs (the cross-encoder's interface): the same scores as GOOD."""
+
+    def __init__(self, encoder):
+        self.by_text = encoder.by_text
+
+    def score(self, query, texts):
+        assert query == "which?"
+        return np.array([self.by_text[t] for t in texts], np.float32)
+
+
+def test_a_pair_scorer_is_scored_with_each_items_question():
+    report = evaluate([GOLD], {"f0": BAD, "cross": PairScorer(GOOD), "f_theta": GOOD})
+    assert report["hotpotqa"]["cross"] == report["hotpotqa"]["f_theta"]
+
+
 def test_by_depth_limits_refinement_and_scores_are_root_relative():
     bd = evaluate([GOLD], {"f0": BAD})["hotpotqa"]["f0"]["by_depth"]
     assert sorted(bd) == [0, 1, 2]

@@ -1,0 +1,17 @@
+import numpy as np
+import pytest
+
+from canopy_ray.core.lexical import scaled
+from canopy_ray.eval.study import node_scores
+
+REC = {"nodes": [[0, [0, 2]], [0, [0, 1]], [1, [0, 1]]], "tuned": [0.5, 0.4, 0.3], "bm25": [2.0, 0.0, 1.0],
+       "cross": [0.9, 0.1, 0.2]}
+
+
+def test_a_scorer_adds_each_named_term_by_its_weight():
+    lex = scaled(REC["bm25"])
+    got = node_scores(REC, "tuned+bm25:0.8+cross:0.4", 2)
+    want = np.array(REC["tuned"]) + 0.8 * np.array(lex) + 0.4 * np.array(REC["cross"])
+    assert [got[0][(0, 2)], got[0][(0, 1)], got[1][(0, 1)]] == pytest.approx(want.tolist())
+    assert node_scores(REC, "cross", 2)[1] == {(0, 1): pytest.approx(0.2)}
+    assert node_scores(REC, "tuned", 2)[0] == {(0, 2): pytest.approx(0.5), (0, 1): pytest.approx(0.4)}

