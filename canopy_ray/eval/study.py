@@ -179,7 +179,16 @@ def choose(val: dict) -> tuple[str, str]:
     return max(ok)[1] if ok else max((np.mean([val[s][k]["delta"] for s in SETS]), k) for k in val[SETS[0]])[1]
 
 
-def table(results: dict, chosen: tuple[str, str], split: str) -> list[str]:
+def shipped(cfg) -> tuple[str, str]:
+    """The (scorer, policy) a config's refinement runs, in this study's names."""
+    r = cfg.refinement
+    if r.mode == "canopy":
+        return "tuned", f"canopy {cfg.margin:g}"
+    scorer = "tuned" + (f"+bm25:{r.lexical:g}" if r.lexical else "") + (f"+cross:{r.cross:g}" if r.cross else "")
+    return scorer, f"{'lead' if r.lead else 'hybrid'} {r.share:g}" + (f"/{r.fallback:g}" if r.fallback else "")
+
+
+def table(results: dict, chosen: tuple[str, str], split: str, ship: tuple[str, str] | None = None) -> list[str]:
     lines = [f"### {split}", "",
              "| scorer | policy | " + " | ".join(f"{s} saved | {s} recall [95%] | {s} Δ vs whole [95%]" for s in SETS)
              + " |", "|---|---|" + "---|" * (3 * len(SETS))]
@@ -189,7 +198,7 @@ def table(results: dict, chosen: tuple[str, str], split: str) -> list[str]:
             r = results[s][key]
             cells += [f"{100 * r['saved']:.1f}%", f"{r['recall']:.3f} [{r['recall_ci'][0]:.3f}, {r['recall_ci'][1]:.3f}]",
                       f"{100 * r['delta']:+.1f} [{100 * r['delta_ci'][0]:+.1f}, {100 * r['delta_ci'][1]:+.1f}]"]
-        mark = " **(chosen)**" if key == chosen else ""
+        mark = (" **(chosen)**" if key == chosen else "") + (" **(shipped)**" if key == ship else "")
         lines.append(f"| {key[0]} | {key[1]}{mark} | " + " | ".join(cells) + " |")
     return lines
 
@@ -205,6 +214,7 @@ def main(argv=None) -> int:
     ap.add_argument("--split", choices=["validation", "test"], default=None,
                     help="score and replay one split only (two processes in parallel); the tables are "
                          "written once both splits' results are in --work")
+    ap.add_argument("--tables", action="store_true", help="only write the tables from the results in --work")
     args = ap.parse_args(argv)
     from canopy_ray.config import load_config
     from canopy_ray.eval.runs import load_eval_set
@@ -220,7 +230,7 @@ def main(argv=None) -> int:
 
         cross = CrossScorer(args.cross, max_length=cfg.models.max_length)
     work = Path(args.work)
-    for split in [args.split] if args.split else ["validation", "test"]:
+    for split in [] if args.tables else [args.split] if args.split else ["validation", "test"]:
         res = {}
         for s in SETS:
             d = Path(args.data) / s
@@ -238,20 +248,21 @@ def main(argv=None) -> int:
     results = {split: {s: {(r["scorer"], r["policy"]): r for r in rows} for s, rows in
                        json.loads((work / f"results-{split}.json").read_text()).items()}
                for split in ("validation", "test")}
-    chosen = choose(results["validation"])
+    chosen, ship = choose(results["validation"]), shipped(cfg)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Compression policies on the given setting (k = 10, B = 2, reader tokens of SmolLM2)", "",
              "Made by `python -m canopy_ray.eval.study` (module docstring: the policies). Chosen on validation: "
              "the most tokens saved on average over the three sets with every set's informative body answer "
              f"recall within {', '.join(f'{s} {100 * t:.0f}' for s, t in TOLERANCE.items())} points of whole items; "
-             f"chosen: **{chosen[0]} / {chosen[1]}**. Saved: reader tokens against whole items. Δ: paired "
-             "difference in informative body answer recall against whole items, points.", ""]
+             f"chosen: **{chosen[0]} / {chosen[1]}**; shipped by the config: **{ship[0]} / {ship[1]}** "
+             "(docs/evaluation.md says why they differ when they do). Saved: reader tokens against whole items. "
+             "Δ: paired difference in informative body answer recall against whole items, points.", ""]
     for split in ("validation", "test"):
-        lines += table(results[split], chosen, split) + [""]
+        lines += table(results[split], chosen, split, ship) + [""]
     (out / "study.md").write_text("\n".join(lines))
     (out / "study.json").write_text(json.dumps(
-        {"chosen": list(chosen), **{split: {s: list(r.values()) for s, r in results[split].items()}
+        {"chosen": list(chosen), "shipped": list(ship), **{split: {s: list(r.values()) for s, r in results[split].items()}
                                     for split in results}}, indent=1))
     print("\n".join(lines))
     return 0

@@ -32,10 +32,11 @@ def bert_of(model):
 
 
 def _mask(bert, hidden: torch.Tensor, mask: torch.Tensor):
-    """The attention mask the layers take (per the model's attention implementation)."""
-    return bert._create_attention_masks(attention_mask=mask, encoder_attention_mask=None,
-                                        embedding_output=hidden, encoder_hidden_states=None,
-                                        cache=None)[0]
+    """The attention mask the layers take (per the model's attention implementation), as BERT's
+    forward builds it; transformers' public helper, since BertModel's own changes between releases."""
+    from transformers.masking_utils import create_bidirectional_mask
+
+    return create_bidirectional_mask(config=bert.config, inputs_embeds=hidden, attention_mask=mask)
 
 
 @torch.inference_mode()

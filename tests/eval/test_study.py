@@ -15,3 +15,15 @@ def test_a_scorer_adds_each_named_term_by_its_weight():
     assert [got[0][(0, 2)], got[0][(0, 1)], got[1][(0, 1)]] == pytest.approx(want.tolist())
     assert node_scores(REC, "cross", 2)[1] == {(0, 1): pytest.approx(0.2)}
     assert node_scores(REC, "tuned", 2)[0] == {(0, 2): pytest.approx(0.5), (0, 1): pytest.approx(0.4)}
+
+
+def test_the_shipped_config_is_named_as_the_study_names_policies():
+    from canopy_ray.config import load_config
+    from canopy_ray.eval.study import POLICIES, SCORERS, shipped
+
+    scorer, policy = shipped(load_config())
+    assert (scorer, policy) == ("tuned+bm25:0.8", "lead 0.45")
+    assert scorer in SCORERS and policy in POLICIES
+    cfg = load_config(None, refinement={"mode": "hybrid", "share": 0.5, "lead": False, "lexical": 0.8, "cross": 0.4},
+                      models={"scorer": "somewhere"})
+    assert shipped(cfg) == ("tuned+bm25:0.8+cross:0.4", "hybrid 0.5")

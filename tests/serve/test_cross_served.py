@@ -12,7 +12,7 @@ from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import parse_item
 from canopy_ray.core.lexical import scaled_bm25
 from canopy_ray.core.refine import hybrid
-from tests.serve.conftest import app_beside
+from tests.serve.conftest import app_beside, free_port
 from tests.serve.test_app import ITEM, QUESTION, TABLE, post
 
 pytestmark = [pytest.mark.integration,
@@ -29,7 +29,10 @@ def scorer_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cross_url(cfg, scorer_dir):
-    yield from app_beside(cfg, cfg.override(models={"scorer": str(scorer_dir)}, refinement={"cross": 0.4}), "cross")
+    # replicas of 0.05 CPU fit beside the package's application; /v1/compress needs no LLM (a stand-in URL)
+    mine = cfg.override(models={"scorer": str(scorer_dir)}, refinement={"cross": 0.4}, serve={"replica_cpus": 0.05},
+                        llm={"backend": "openai", "url": f"http://127.0.0.1:{free_port()}/v1", "model": "stand-in"})
+    yield from app_beside(cfg, mine, "cross")
 
 
 def test_served_scores_add_the_cross_encoders_and_the_hybrid_runs_on_them(cross_url, cfg, scorer_dir):
