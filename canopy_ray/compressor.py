@@ -14,7 +14,7 @@ leaf's context reaches (:func:`canopy_ray.core.refine.hybrid`). There, and in ``
 (:mod:`canopy_ray.core.lexical`).
 
 With ``models.scorer`` a cross-encoder (:mod:`canopy_ray.models.cross`) reads the question and
-each node's text together and its score replaces the cosine.
+each node's text together; ``refinement.cross`` weighs its score, added there too.
 """
 
 from __future__ import annotations
@@ -345,7 +345,7 @@ class Compressor:
             ask = next(levels)
             while True:
                 found = run.lookup(ask)
-                none = asyncio.sleep(0, (np.zeros((0, 0)), []))
+                none = asyncio.sleep(0, (np.zeros((0, 0)), []))  # an awaitable of that value
                 (fresh, tokens), pairs = await asyncio.gather(encode(found[2]) if found[2] else none,
                                                               score(run.pieces(ask)) if run.cross else asyncio.sleep(0))
                 ask = levels.send(run.scores(ask, found, fresh, tokens, pairs))

@@ -275,6 +275,7 @@ def run(cfg, data_dirs: Mapping[str, str | Path], split: str | None, out_dir: st
     """Evaluate f0 (and f_theta when ``adapter`` is given) and write ``refinement.json``,
     ``refinement.md`` and ``refinement_by_depth.png`` into ``out_dir``. Query and node
     vectors are cached in ``cache_dir`` (keyed by encoder and texts) when given."""
+    from canopy_ray.config import portable_path
     from canopy_ray.models.encoder import build_encoder, frozen_nodes
 
     gold = collect(data_dirs, split, cfg.hierarchy.branching)
@@ -287,8 +288,8 @@ def run(cfg, data_dirs: Mapping[str, str | Path], split: str | None, out_dir: st
     report = evaluate(gold, encoders, cache_dir=cache_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"split": split or "all", "sets": sorted(data_dirs), "adapter": str(adapter) if adapter else None,
-            "cross": str(cross) if cross else None}
+    meta = {"split": split or "all", "sets": sorted(data_dirs), "adapter": portable_path(str(adapter)) if adapter else None,
+            "cross": portable_path(str(cross)) if cross else None}
     write_json(out / "refinement.json", {"meta": meta, "report": report}, default=float)
     write_text(out / "refinement.md",
         f"Refinement on gold items, split `{meta['split']}`, adapter `{meta['adapter']}`\n\n"
