@@ -13,6 +13,7 @@ weights and AdamW's moments as safetensors; the same run name resumes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from dataclasses import dataclass
@@ -70,9 +71,9 @@ def example_loss(logits: torch.Tensor, ex: Example) -> torch.Tensor:
     target = torch.tensor(ex.overlap, dtype=logits.dtype, device=logits.device)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, target)
     if ex.pairs:
-        a = torch.tensor([p[0] for p in ex.pairs], device=logits.device)
-        b = torch.tensor([p[1] for p in ex.pairs], device=logits.device)
-        loss = loss + torch.logsumexp(torch.cat([logits.new_zeros(1), logits[b] - logits[a]]), 0)
+        from canopy_ray.train.loss import pair_loss
+
+        loss = loss + pair_loss(logits, ex.pairs)
     return loss
 
 
@@ -148,7 +149,7 @@ def cross_loop(config: dict) -> None:
     batches = step_examples(len(examples), t["epochs"], t["batch_size"], config["seed"])
     total = min(len(batches), config["max_steps"] or len(batches))
     ckpt = ray.train.get_checkpoint()
-    with ckpt.as_directory() if ckpt else _no_dir() as d:
+    with ckpt.as_directory() if ckpt else contextlib.nullcontext() as d:
         model = CrossScorer(d, tuned_layers=t["tuned_layers"], max_length=t["max_length"])
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t["lr"], weight_decay=0.01)
         step = start = load_checkpoint(model, opt, Path(d)) if d else 0
@@ -180,14 +181,6 @@ def cross_loop(config: dict) -> None:
                     save_checkpoint(model, opt, step, Path(tmp), metrics["loss"])
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
             losses = []
-
-
-class _no_dir:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def train_cross(cfg, data_dirs: Mapping[str, str | Path] | None, storage_path: str | Path, name: str,

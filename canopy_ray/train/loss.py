@@ -13,15 +13,20 @@ from typing import Sequence
 import torch
 
 
-def instance_loss(query: torch.Tensor, nodes: torch.Tensor, pairs: Sequence[tuple[int, int]],
-                  lam: float) -> torch.Tensor:
-    """Loss of one instance. ``query`` (d,) and ``nodes`` (k, d) are unit vectors;
-    ``pairs`` index ``nodes`` as (winner, loser)."""
-    s = nodes @ query
+def pair_loss(s: torch.Tensor, pairs: Sequence[tuple[int, int]], lam: float = 1.0) -> torch.Tensor:
+    """``log(1 + sum exp(lam * (s_b - s_a)))`` over ``pairs`` (winner a, loser b) indexing the
+    scores ``s``: the bi-encoder's cosines, or the cross-encoder's logits."""
     a = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=s.device)
     b = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=s.device)
     z = lam * (s[b] - s[a])
     return torch.logsumexp(torch.cat([s.new_zeros(1), z]), dim=0)
+
+
+def instance_loss(query: torch.Tensor, nodes: torch.Tensor, pairs: Sequence[tuple[int, int]],
+                  lam: float) -> torch.Tensor:
+    """Loss of one instance. ``query`` (d,) and ``nodes`` (k, d) are unit vectors;
+    ``pairs`` index ``nodes`` as (winner, loser)."""
+    return pair_loss(nodes @ query, pairs, lam)
 
 
 def batch_loss(queries: torch.Tensor, node_vecs: torch.Tensor,
