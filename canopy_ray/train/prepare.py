@@ -13,15 +13,15 @@ config (:func:`canopy_ray.trainer.train_loop`):
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from canopy_ray.config import CanopyConfig
 from canopy_ray.core.errors import CanopyError
 from canopy_ray.core.files import cached_array
+from canopy_ray.models.threads import torch_threads
 from canopy_ray.train.instances import Instance, build_instances
 
 
@@ -145,16 +145,3 @@ def f0_queries(cfg: CanopyConfig, queries: list[str], run_dir: Path) -> np.ndarr
 
     key = [m.encoder_path, m.max_length, queries] + ([m.encoder] if is_qwen(cfg) else [])
     return cached_array(run_dir, "f0_queries", key, compute)
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run the block with ``n`` torch threads, then restore the previous count."""
-    import torch
-
-    prev = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(prev)

@@ -2,7 +2,6 @@
 the gold paragraphs (>= 2 sentences) of HotpotQA dev700, B = 2, node text ``title: sentences``.
 This backs the "Checked against the reference" table of docs/evaluation.md."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -18,19 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.shared_data,
               pytest.mark.skipif(not DEV700.is_file(), reason=f"needs the shared HotpotQA dev set at {DEV700}")]
 
 
-@pytest.fixture
-def all_threads():
-    """Encoding 8,000 nodes: with every CPU, whatever an earlier test's local LLM set (``llm.threads``
-    applies process-wide when it loads)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
-    yield
-    torch.set_num_threads(before)
-
-
-def test_frozen_minilm_reproduces_the_reference_numbers(minilm, tmp_path, all_threads):
+def test_frozen_minilm_reproduces_the_reference_numbers(minilm, tmp_path):
     convert("hotpotqa", DEV700, tmp_path / "dev700")
     items, questions = load_dataset(tmp_path / "dev700")
     gold = list(gold_items("hotpotqa", items, questions, split=None, branching=2))

@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from canopy_ray.models.llm.protocol import (ChatRequest, ChatResult, LLMRequestError, Message, build_request,
                                             parse_response, validate_request)
+from canopy_ray.models.threads import torch_threads
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 # llm.model_source naming the packaged SmolLM2 (converted to a Hugging Face folder) for vLLM
@@ -201,8 +202,7 @@ class SmolLM2Backend:
         import torch
         import xgrammar as xgr
 
-        if threads:
-            torch.set_num_threads(threads)
+        self.threads = threads  # set around each forward pass only: torch's count is process-wide
         self.model, self.tokenizer = load_smollm2(gguf_path, cache_dir, use_cache)
         self.max_new_tokens, self.max_tokens_limit = max_new_tokens, max_tokens_limit
         self.context_window = int(getattr(self.model.config, "max_position_embeddings", SMOLLM2_CONTEXT))
@@ -292,7 +292,8 @@ class SmolLM2Backend:
         with self._lock:  # held while the caller reads the pieces: one generation at a time
             inputs, cache = torch.tensor([ids]), None
             for _ in range(limit):
-                with torch.inference_mode():  # per step: a paused generator must not leave it on
+                # per step: a paused generator must leave neither on for the rest of the process
+                with torch.inference_mode(), torch_threads(self.threads):
                     result = self.model(input_ids=inputs, cache=cache, use_cache=True)
                     cache = result.cache if hasattr(result, "cache") else result.past_key_values
                     logits = result.logits[:, -1, :].float()

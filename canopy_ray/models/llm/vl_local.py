@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 from canopy_ray.models.llm.local import Generation, LocalChatClient, _decoding, _validated, completion_body
 from canopy_ray.models.llm.protocol import LLMRequestError, validate_request
+from canopy_ray.models.threads import torch_threads
 
 IMAGE_PART = {"type": "image"}  # what the Qwen3-VL chat template turns into vision tokens
 
@@ -98,8 +99,7 @@ class QwenVLBackend:
         import xgrammar as xgr
         from transformers import Qwen3VLForConditionalGeneration
 
-        if threads:
-            torch.set_num_threads(threads)
+        self.threads = threads  # set around generation only: torch's count is process-wide
         self.model_dir = Path(model_dir)
         self.model_name = model_name or self.model_dir.name
         self.device = device
@@ -168,7 +168,7 @@ class QwenVLBackend:
                                   code="context_length_exceeded")
         extra = dict(stop_strings=list(stop), tokenizer=self.tokenizer) if stop else {}
         procs = [xgr.contrib.hf.LogitsProcessor(compiled)] if compiled is not None else []
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), torch_threads(self.threads):
             out = self.model.generate(**batch.to(self.device), max_new_tokens=limit, do_sample=False,
                                       logits_processor=procs, eos_token_id=self.eos_ids,
                                       pad_token_id=self._pad_id, **extra)

@@ -108,3 +108,26 @@ def test_developer_is_read_as_system_and_seed_changes_nothing(smollm2):
         return handle_chat_completion(body, smollm2)["choices"][0]["message"]["content"]
 
     assert reply("developer") == reply("system") == reply("developer", seed=1, temperature=0.7)
+
+
+def test_its_threads_hold_while_it_decodes_and_nowhere_else(smollm2):
+    """``threads`` applies to the LLM's own forward passes: loading it (warm-up included) and
+    decoding leave the process's torch thread count as it was, for the encoders beside it."""
+    import torch
+
+    from canopy_ray.models.llm.local import SmolLM2Backend
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        backend = SmolLM2Backend(threads=1, max_new_tokens=4)
+        assert torch.get_num_threads() == 2
+        seen: list[int] = []
+        hook = backend.model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+        for piece in backend.stream([{"role": "user", "content": Q}], max_new_tokens=3):
+            assert torch.get_num_threads() == 2  # the caller's count, between steps
+        hook.remove()
+        assert seen and set(seen) == {1}, seen
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -64,9 +64,6 @@ class KeepOutputs:
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    import torch
-
-    torch.set_num_threads(1)
     model_dir = build_tiny_vl(tmp_path_factory.mktemp("tiny-qwen3vl-gen"))
     c = make_client("local-vl", model_dir=str(model_dir), max_new_tokens=16, threads=1)
     c.backend.processor = KeepOutputs(c.backend.processor)
