@@ -102,17 +102,6 @@ def tiny_rows(data_dir, model_dir, n: int = 8):
     return texts, qv, rows
 
 
-@pytest.fixture()
-def local_ray():
-    """A private local Ray for Ray Train tests (2 CPUs)."""
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-    yield
-    ray.shutdown()
-
-
 def train_then_resume(cfg, data, runs, name, out, first_steps: int, total_steps: int):
     """Train ``first_steps``, then run the same command again to ``total_steps``: the second run
     must resume where the first stopped (checked here) and write its adapter to ``out``."""

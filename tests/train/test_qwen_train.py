@@ -53,7 +53,7 @@ def test_lora_on_the_language_model_only_and_the_loss_falls(tiny_qwen):
 
 
 def test_ray_train_resumes_and_the_adapter_changes_node_vectors_only(
-        local_ray, tiny_qwen, tiny_data_dir, tmp_path):
+        ray_local, tiny_qwen, tiny_data_dir, tmp_path):
     cfg = load_config(None, models={"encoder": "qwen3-vl", "encoder_path": str(tiny_qwen),
                                     "max_length": 96, "device": "cpu"},
                       training={"workers": 1, "batch_size": 4, "epochs": 2, "lr": 5e-3,

@@ -10,7 +10,7 @@ from tests.train.conftest import train_then_resume
 pytestmark = pytest.mark.integration
 
 
-def test_resume_continues_the_step_count(local_ray, tiny_bert_dir, tiny_data_dir, tmp_path):
+def test_resume_continues_the_step_count(ray_local, tiny_bert_dir, tiny_data_dir, tmp_path):
     cfg = load_config(None, models={"encoder_path": str(tiny_bert_dir), "max_length": 64},
                       training={"workers": 1, "batch_size": 4, "epochs": 2, "lr": 1e-3,
                                 "lora_layers": 1, "max_length": 64, "val_instances": 8})
@@ -25,7 +25,7 @@ def test_resume_continues_the_step_count(local_ray, tiny_bert_dir, tiny_data_dir
 
 
 def test_gold_validation_keeps_the_best_checkpoint_and_resumes_its_curve(
-        local_ray, tiny_bert_dir, tiny_data_dir, tmp_path):
+        ray_local, tiny_bert_dir, tiny_data_dir, tmp_path):
     from canopy_ray.train.lora import ADAPTER_FILES
     from canopy_ray.trainer import train
 
@@ -54,7 +54,7 @@ def test_gold_validation_keeps_the_best_checkpoint_and_resumes_its_curve(
         assert (tmp_path / "adapter" / f).read_bytes() == (run_dir / "best" / f).read_bytes()
 
 
-def test_patience_stops_a_run_without_better_checkpoints(local_ray, tiny_bert_dir, tiny_data_dir,
+def test_patience_stops_a_run_without_better_checkpoints(ray_local, tiny_bert_dir, tiny_data_dir,
                                                          tmp_path):
     from canopy_ray.trainer import train
 

@@ -13,7 +13,7 @@ from canopy_ray.config import load_config
 pytestmark = pytest.mark.integration
 
 
-def test_torn_checkpoint_record_resumes_from_the_newest_whole_checkpoint(local_ray, tiny_bert_dir,
+def test_torn_checkpoint_record_resumes_from_the_newest_whole_checkpoint(ray_local, tiny_bert_dir,
                                                                          tiny_data_dir, tmp_path):
     from canopy_ray.trainer import RAY_RECORD, train
 
