@@ -26,8 +26,8 @@ from canopy_ray.train.fit import RAY_RECORD, TrainResult, registered_step, train
 # ---------------------------------------------------------------- command line
 
 # options that override the training field of the same name
-TRAINING_OVERRIDES = ("lr", "epochs", "workers", "lora_layers", "subsample", "schedule", "warmup",
-                      "val_items", "patience", "max_length", "stop_repeat")
+TRAINING_OVERRIDES = ("lr", "epochs", "workers", "lora_layers", "lora_rank", "lora_alpha", "subsample", "schedule",
+                      "warmup", "val_items", "patience", "max_length", "stop_repeat")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="stop after this many seconds inside training steps")
     p.add_argument("--lora-layers", type=int, default=None, help="override training.lora_layers")
+    p.add_argument("--lora-rank", type=int, default=None,
+                   help="override training.lora_rank (384, MiniLM's width: a full-rank update of each map)")
+    p.add_argument("--lora-alpha", type=int, default=None, help="override training.lora_alpha")
     p.add_argument("--subsample", type=int, default=None, help="override training.subsample")
     p.add_argument("--lr", type=float, default=None, help="override training.lr")
     p.add_argument("--epochs", type=int, default=None, help="override training.epochs")

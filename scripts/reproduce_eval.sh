@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild every table under results/eval from the shared data sets, on the document-level test split.
+# Rebuild every table under results/eval and results/margin from the shared data sets, on the document-level test split.
 #   bash scripts/reproduce_eval.sh [SHARED_DATA]      (default ../shared/data)
 # Steps (each resumable: converted sets, the index and the LLM reply cache are kept in runs/):
 #   1. convert HotpotQA (dev700 + train100, one set), NQ (9 distractors, seed 0) and TAT-QA into runs/data/;
@@ -7,9 +7,11 @@
 #      reader skipped (answer recall is reader-free): the shipped hybrid (results/eval/given-hybrid), and
 #      Algorithm 1 at the paper's margin 0 (results/eval/given) and at the adapter's calibrated margin
 #      (results/eval/given-calibrated);
-#   3. open setting, shipped configuration: one index of the three corpora (runs/eval-index/all),
+#   3. Algorithm 1's margin curve on 100 test questions per set, random and flat_matched at each
+#      point's budget (results/margin; nothing is chosen on test);
+#   4. open setting, shipped configuration: one index of the three corpora (runs/eval-index/all),
 #      60 test questions per set, the SmolLM2 critic's follow-up rounds;
-#   4. canopy report results/eval (results.md, pareto.md and the PNGs).
+#   5. canopy report results/eval (results.md, pareto.md and the PNGs).
 # Every run JSON's spec records the split, seed, n, candidate counts, config hash and adapter id.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +33,9 @@ for set in hotpotqa nq tatqa; do
     "${given[@]}" --mode canopy --margin 0 --out results/eval/given/$set
     "${given[@]}" --mode canopy --out results/eval/given-calibrated/$set
 done
+
+$C calibrate --config "$CONFIG" --split test --n 100 --grid 0,0.02,0.03,0.05 --matched random,flat_matched \
+    --shared-data "$SHARED" --work-dir runs/data --out results/margin
 
 mkdir -p runs/eval-corpus
 cat runs/data/{hotpotqa,nq,tatqa}/corpus.jsonl > runs/eval-corpus/all.jsonl

@@ -69,8 +69,9 @@ def test_recipe_options_override_the_training_section(tmp_path, monkeypatch):
                         lambda root, work, names: {n: Path(work) / n for n in names})
     rc = trainer.main(["--config", CPU_CONFIG, "--storage", str(tmp_path), "--schedule", "cosine",
                        "--warmup", "0.05", "--val-items", "40", "--patience", "3",
-                       "--max-length", "256", "--stop-repeat", "2"])
+                       "--max-length", "256", "--stop-repeat", "2", "--lora-rank", "384", "--lora-alpha", "128"])
     assert rc == 0
     tc = seen["cfg"].training
     assert (tc.schedule, tc.warmup, tc.val_items, tc.patience, tc.max_length, tc.stop_repeat) == (
         "cosine", 0.05, 40, 3, 256, 2)
+    assert (tc.lora_rank, tc.lora_alpha) == (384, 128)

@@ -209,6 +209,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default="runs/study", help="cached node scores")
     ap.add_argument("--out", default="results/study")
     ap.add_argument("--config", default=None)
+    ap.add_argument("--adapter", default=None, help="f_theta's adapter (default: the config's); give it its own --work")
     ap.add_argument("--cross", default=None, help="a cross-encoder scorer (canopy_ray.train.cross) to "
                     "compare as scorers cross and cross+bm25:w")
     ap.add_argument("--split", choices=["validation", "test"], default=None,
@@ -221,7 +222,7 @@ def main(argv=None) -> int:
     from canopy_ray.models.encoder import build_encoder
     from canopy_ray.models.llm.tokens import token_counter
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, **({"models": {"adapter": args.adapter}} if args.adapter else {}))
     encoder = build_encoder(cfg.models)
     count = token_counter(cfg.llm)
     cross = None

@@ -27,3 +27,21 @@ def test_the_shipped_config_is_named_as_the_study_names_policies():
     cfg = load_config(None, refinement={"mode": "hybrid", "share": 0.5, "lead": False, "lexical": 0.8, "cross": 0.4},
                       models={"scorer": "somewhere"})
     assert shipped(cfg) == ("tuned+bm25:0.8+cross:0.4", "hybrid 0.5")
+
+
+def test_adapter_names_the_f_theta_that_scores(tmp_path, monkeypatch):
+    """``--adapter`` replaces the config's f_theta (another candidate's study, in its own --work)."""
+    import canopy_ray.models.encoder as encoder
+    from canopy_ray.eval.study import main
+
+    seen = []
+
+    def stop(models):
+        seen.append(models.adapter)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(encoder, "build_encoder", stop)
+    for argv in ([], ["--adapter", str(tmp_path)]):
+        with pytest.raises(SystemExit):
+            main(["--work", str(tmp_path / "work"), "--tables", *argv])
+    assert seen[0] != str(tmp_path) and seen[1] == str(tmp_path)
