@@ -257,6 +257,7 @@ def main(argv=None) -> int:
              "the most tokens saved on average over the three sets with every set's informative body answer "
              f"recall within {', '.join(f'{s} {100 * t:.0f}' for s, t in TOLERANCE.items())} points of whole items; "
              f"chosen: **{chosen[0]} / {chosen[1]}**; shipped by the config: **{ship[0]} / {ship[1]}** "
+             f"(`tuned`: f_theta, adapter `{encoder.adapter_id}`) "
              "(docs/evaluation.md says why they differ when they do). Saved: reader tokens against whole items. "
              "Δ: paired difference in informative body answer recall against whole items, points.", ""]
     for split in ("validation", "test"):
