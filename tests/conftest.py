@@ -8,7 +8,7 @@ import pytest
 # waits for that poll: the tests' runs of 0.02 s steps would spend 2 s per checkpoint. Every Ray
 # the tests start inherits this environment (a LocalCluster's nodes only what it is given).
 os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.25"
-os.environ["TOKENIZERS_PARALLELISM"] = "false"  # its threads and a later fork do not mix (a warning, or a hang)
+os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the tokenizers' threads and a later fork do not mix
 
 
 @pytest.fixture(scope="session")
