@@ -345,9 +345,10 @@ class Compressor:
             ask = next(levels)
             while True:
                 found = run.lookup(ask)
-                none = asyncio.sleep(0, (np.zeros((0, 0)), []))  # an awaitable of that value
-                (fresh, tokens), pairs = await asyncio.gather(encode(found[2]) if found[2] else none,
-                                                              score(run.pieces(ask)) if run.cross else asyncio.sleep(0))
+                # asyncio.sleep(0, value): an awaitable of value, made only when it is awaited
+                encoded = encode(found[2]) if found[2] else asyncio.sleep(0, (np.zeros((0, 0)), []))
+                scored = score(run.pieces(ask)) if run.cross else asyncio.sleep(0)
+                (fresh, tokens), pairs = await asyncio.gather(encoded, scored)
                 ask = levels.send(run.scores(ask, found, fresh, tokens, pairs))
         except StopIteration as done:
             return self._finish(run, done.value, opts)

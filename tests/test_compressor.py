@@ -3,7 +3,7 @@ from importlib import resources
 
 import pytest
 
-from canopy_ray.compressor import Compressor, flat, format_forest, refined
+from canopy_ray.compressor import CompressOptions, Compressor, flat, format_forest, refined
 from canopy_ray.core.evidence import piece
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import parse_item
@@ -233,3 +233,29 @@ def test_the_cross_encoders_term_adds_to_each_cosine(cross_scored, minilm):
     with pytest.raises(ValueError, match="query's text"):
         Compressor(cross_scored, mode="hybrid", cross=0.4).compress_items(
             cross_scored.encode_queries([QUESTION])[0], items)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning", "error::pytest.PytestUnraisableExceptionWarning")
+def test_the_async_path_equals_the_sync_one_and_awaits_all_it_makes(cross_scored):
+    """``acompress_items`` (Serve's Refiner: awaitable encode and score, gathered per level) keeps
+    what ``compress_items`` keeps, and leaves no coroutine unawaited (Python warns of each)."""
+    import asyncio
+    import gc
+
+    items = [parse_item(json.loads(line)) for line in SAMPLE.read_text().splitlines()[:4]]
+    comp = Compressor(cross_scored, mode="hybrid", share=0.4, cross=0.4)
+    opts = CompressOptions(query=QUESTION)
+    query_vec = cross_scored.encode_queries([QUESTION])[0]
+
+    async def encode(pieces):
+        return cross_scored.encode_nodes(pieces), cross_scored.token_counts(pieces)
+
+    async def score(pieces):
+        return cross_scored.score_nodes(QUESTION, pieces)
+
+    served = asyncio.run(comp.acompress_items(query_vec, items, opts, encode, score))
+    gc.collect()
+    local = comp.compress_items(query_vec, items, opts)
+    assert [r.kept for r in served] == [r.kept for r in local]
+    for a, b in zip(served, local):
+        assert a.scores == pytest.approx(b.scores, abs=1e-5)
