@@ -7,10 +7,11 @@ one batch, then the children of every node that splits, and so on; nothing else 
 A node's vector comes from the index's node store (items from that index), else from the
 bounded vector cache (any node seen before), else from the node encoder.
 
-The ``hybrid`` refinement mode (``refinement.mode``) scores every node at once instead: it ranks
-all the items' leaves together and lets the parent-child rule decide how far up each chosen
-leaf's context reaches (:func:`canopy_ray.core.refine.hybrid`). There, and in ``flat``,
-``refinement.lexical`` adds BM25 over the nodes scored together to each cosine
+The ``hybrid`` refinement mode (``refinement.mode``) ranks all the items' leaves together and lets
+the parent-child rule decide how far up each chosen leaf's context reaches
+(:func:`canopy_ray.core.refine.hybrid`); it scores every leaf in one batch, then only the parents
+a chosen leaf may rise to (:func:`canopy_ray.core.refine.score_hybrid`). There, and in ``flat``,
+``refinement.lexical`` adds to each cosine BM25 over all the nodes the mode ranks against
 (:mod:`canopy_ray.core.lexical`).
 
 With ``models.scorer`` a cross-encoder (:mod:`canopy_ray.models.cross`) reads the question and
@@ -30,7 +31,7 @@ from canopy_ray.core.evidence import Piece, TokenCounter, count_words, node_text
 from canopy_ray.core.hierarchy import ItemTree, Node, Span, build_tree
 from canopy_ray.core.items import Item
 from canopy_ray.core.lexical import scaled_bm25
-from canopy_ray.core.refine import Ask, decisions, drive, fates, gate, hybrid, score_all, score_lazily
+from canopy_ray.core.refine import Ask, decisions, drive, fates, gate, hybrid, score_hybrid, score_lazily
 
 MODES = ("canopy", "hybrid", "none", "flat")
 NODE_ENCODERS = ("tuned", "frozen")
@@ -171,11 +172,18 @@ class _Scoring:
     """One call's scoring: vectors from the node store, the cache or the encoder, and counts."""
 
     def __init__(self, comp: "Compressor", trees: Sequence[ItemTree], query_vec: np.ndarray, query: str = "",
-                 lexical: float = 0.0, cross: float = 0.0):
-        self.comp, self.trees, self.text, self.lexical, self.cross = comp, trees, query, lexical, cross
+                 lexical: float = 0.0, cross: float = 0.0, leaves_only: bool = False):
+        self.comp, self.trees, self.lexical, self.cross = comp, trees, lexical, cross
         self.query = np.asarray(query_vec, np.float32)
         if cross and not query:
             raise ValueError("the cross-encoder's term needs the query's text (CompressOptions.query)")
+        # BM25 of every node the mode ranks against (flat: the leaves; the hybrid: every node), all
+        # at once: its statistics must not depend on which nodes a level asks for
+        self.bm25: list[dict[Span, float]] = [{} for _ in trees]
+        if lexical and query:
+            nodes = [(i, n.span) for i, t in enumerate(trees) for n, _ in t.root.walk() if n.is_leaf or not leaves_only]
+            for (i, span), v in zip(nodes, scaled_bm25(query, [node_text(trees[i], s) for i, s in nodes])):
+                self.bm25[i][span] = v
         store = comp.node_store if comp.node_store is not None and comp.node_store.usable_for(comp.encoder) else None
         self.stored = [(store.lookup(t.item.id) or {}) if store else {} for t in trees]
         self.encoded = [0] * len(trees)
@@ -223,9 +231,8 @@ class _Scoring:
         cos = np.stack([np.asarray(v, np.float32) for v in vecs]) @ self.query
         if self.cross:
             cos = cos + np.float32(self.cross) * np.asarray(pairs, np.float32)
-        if self.lexical and self.text:
-            lex = scaled_bm25(self.text, [node_text(self.trees[i], n.span) for i, n in ask])
-            cos = cos + np.float32(self.lexical) * np.asarray(lex, np.float32)
+        if self.lexical and any(self.bm25):
+            cos = cos + np.float32(self.lexical) * np.asarray([self.bm25[i][n.span] for i, n in ask], np.float32)
         return cos
 
 
@@ -292,27 +299,32 @@ class Compressor:
         or the hybrid)."""
         return (opts.refinement or self.mode) if opts.mode == "canopy" else opts.mode
 
+    def share_of(self, opts: CompressOptions) -> float:
+        return self.share if opts.share is None else opts.share
+
     def _gate(self, opts: CompressOptions) -> float:
         return self.gate if opts.gate is None else opts.gate
 
     def _start(self, trees, opts: CompressOptions, query_vec):
         roots, mode = [t.root for t in trees], self.mode_of(opts)
-        levels = (_score_leaves(roots) if mode == "flat" else score_all(roots) if mode == "hybrid"
-                  else score_lazily(roots, self.margin_of(opts), lone=self._gate(opts) < math.inf))
-        # BM25's statistics need the nodes scored together: the hybrid's and flat's one ask, not
-        # Algorithm 1's levels (which scores by cosine alone, as the paper); the cross-encoder's
-        # term goes with them
-        one_ask = mode != "canopy"
-        return _Scoring(self, trees, query_vec, opts.query, self.lexical if one_ask else 0.0,
-                        self.cross if one_ask else 0.0), levels
+        if mode == "flat":
+            levels = _score_leaves(roots)
+        elif mode == "hybrid":
+            levels = score_hybrid(roots, self.share_of(opts), self.fallback, self.lead)
+        else:
+            levels = score_lazily(roots, self.margin_of(opts), lone=self._gate(opts) < math.inf)
+        # BM25 and the cross-encoder's term go with the ranking modes; Algorithm 1 scores by cosine
+        # alone, as the paper
+        ranked = mode != "canopy"
+        return _Scoring(self, trees, query_vec, opts.query, self.lexical if ranked else 0.0,
+                        self.cross if ranked else 0.0, leaves_only=mode == "flat"), levels
 
     def _finish(self, run: _Scoring, scores: list[dict], opts: CompressOptions) -> list[ItemResult]:
         mode, count, t = self.mode_of(opts), self.count_tokens, opts.round
         if mode == "flat":
             results = [flat(tr, sc, opts.flat_m, count, t) for tr, sc in zip(run.trees, scores)]
         elif mode == "hybrid":
-            kept = hybrid([tr.root for tr in run.trees], scores, self.share if opts.share is None else opts.share,
-                          self.fallback, self.lead)
+            kept = hybrid([tr.root for tr in run.trees], scores, self.share_of(opts), self.fallback, self.lead)
             results = [chosen(tr, sc, k, count, t) for tr, sc, k in zip(run.trees, scores, kept)]
         else:
             results = [refined(tr, sc, count, t, self.margin_of(opts)) for tr, sc in zip(run.trees, scores)]

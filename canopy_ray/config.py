@@ -138,6 +138,8 @@ class ModelsConfig(Section):
     cache_mb: float = Field(256, ge=0, description="node-vector cache (LRU) per process or Refiner replica; 0 = off")
     threads: int | None = Field(None, ge=1, description="torch threads of a Serve encoder replica; None = the "
                                 "node's CPUs (Ray would give a replica of under one CPU a single thread)")
+    query_threads: int = Field(1, ge=1, description="torch threads of the Serve query encoder: a query is "
+                               "short, and a second thread waits on the cores the node encoder's threads use")
 
     @model_validator(mode="before")
     @classmethod

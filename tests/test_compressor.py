@@ -145,6 +145,13 @@ def test_each_mode_encodes_only_what_it_reads():
     (fl,) = comp.compress_items(q, [TEXT], CompressOptions(mode="flat", flat_m=1))
     assert sorted(enc.encoded) == [((i, i + 1),) for i in range(4)] and len(fl.kept) == 1
     enc.encoded.clear()
+    (hy,) = Compressor(enc, mode="hybrid", share=0.25).compress_items(q, [TEXT])
+    # the hybrid: every leaf, then only the parents its one chosen leaf may rise to, bottom up
+    assert sorted(enc.encoded[:4]) == [((i, i + 1),) for i in range(4)] and hy.encoded == len(enc.encoded)
+    best = max((hy.scores[(i, i + 1)], (i, i + 1)) for i in range(4))[1]
+    chain = [(best[0] // 2 * 2, best[0] // 2 * 2 + 2), (0, 4)]  # its parent, then the root
+    assert 4 < len(enc.encoded) and enc.encoded[4:] == [(s,) for s in chain[:len(enc.encoded) - 4]]
+    enc.encoded.clear()
     (canopy,) = comp.compress_items(q, [TEXT])
     assert enc.encoded[0] == ((0, 4),) and len(enc.encoded) == canopy.encoded == len(canopy.scores)
     assert canopy.encoded_tokens == sum(len(piece(canopy.tree, [s]).text.split()) for s in canopy.scores)
@@ -197,7 +204,10 @@ def test_hybrid_mode_ranks_every_leaf_together_and_leaves_out_unchosen_items(min
     for (i, s), x in zip(nodes, lex):
         scores[i][s] = full[i][s] + 0.4 * x
     assert [r.kept for r in results] == hybrid([t.root for t in trees], scores, 0.3, lead=True)
-    assert all(r.encoded == len(r.tree.nodes()) for r in results)  # every node scored, once
+    for r, sc in zip(results, scores):  # BM25 over every node, whichever of them were encoded
+        assert r.scores == pytest.approx({s: sc[s] for s in r.scores}, abs=1e-5)
+        assert r.encoded == len(r.scores)
+    assert sum(r.encoded for r in results) < len(nodes)  # only the parents a chosen leaf may rise to
     out = [r for r in results if not r.kept]
     assert out, "a share of 0.3 leaves some of these items out"
     assert all(r.tokens_after == 0 and r.to_dict()["evidence"] == "" for r in out)
@@ -225,7 +235,7 @@ def test_the_cross_encoders_term_adds_to_each_cosine(cross_scored, minilm):
         pair = cross_scored.scorer.score(QUESTION, [node_text(r.tree, s) for s in spans])
         cos = _full_scores(minilm, r.tree, QUESTION)
         scores.append({s: cos[s] + 0.4 * float(p) for s, p in zip(spans, pair)})
-        assert r.scores == pytest.approx(scores[-1], abs=1e-5)
+        assert r.scores == pytest.approx({s: scores[-1][s] for s in r.scores}, abs=1e-5)
     assert [r.kept for r in results] == hybrid([r.tree.root for r in results], scores, 0.4)
     (alg1,) = Compressor(cross_scored, cross=0.4).compress(QUESTION, [TEXT])
     cos = _full_scores(minilm, alg1.tree, QUESTION)

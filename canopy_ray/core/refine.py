@@ -111,16 +111,6 @@ def drive(gen: Generator[Ask, Sequence[float], list], score: Callable[[Ask], Seq
         return done.value
 
 
-def score_all(roots: Sequence[Node]) -> Generator[Ask, Sequence[float], list[dict[Span, float]]]:
-    """Every node of every tree in one ask (the hybrid's scoring: leaves are ranked globally)."""
-    ask = [(i, n) for i, r in enumerate(roots) for n, _ in r.walk()]
-    got = yield ask
-    scores: list[dict[Span, float]] = [{} for _ in roots]
-    for (i, n), s in zip(ask, got, strict=True):
-        scores[i][n.span] = float(s)
-    return scores
-
-
 def raise_by_rule(root: Node, leaves: Sequence[Span], scores: Mapping[Span, float],
                   fallback: float = 0.0) -> list[Span]:
     """Each leaf raised to its parent while the parent scores >= the node (Algorithm 1 keeps a
@@ -148,19 +138,56 @@ def top_leaves(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], sh
     return chosen
 
 
-def hybrid(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], share: float,
-           fallback: float = 0.0, lead: bool = False) -> list[list[Span]]:
-    """The paper's remedy for flat selection (its Appendix G): the best ``share`` of all the
-    trees' leaves, ranked together, each raised by :func:`raise_by_rule`, so the parent-child
-    rule decides how much context a chosen leaf keeps (``fallback``: see :func:`raise_by_rule`).
-    ``lead``: a tree with a chosen leaf also keeps its first one (a passage's first sentence
-    names what it is about: a second-hop answer often stands there). A single-node tree (an image, a table kept
-    whole) is kept. Kept spans per tree; ``[]``: nothing of the tree is chosen."""
+def chosen_leaves(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], share: float,
+                  lead: bool = False) -> list[list[Span]]:
+    """The hybrid's chosen leaves per tree: :func:`top_leaves`, and with ``lead`` the first leaf
+    of every tree that has one chosen (a passage's first sentence names what it is about: a
+    second-hop answer often stands there)."""
     chosen = top_leaves(roots, scores, share)
     if lead:
         chosen = [c + [(r.span[0], r.span[0] + 1)] if c and (r.span[0], r.span[0] + 1) not in c else c
                   for r, c in zip(roots, chosen)]
+    return chosen
+
+
+def hybrid(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], share: float,
+           fallback: float = 0.0, lead: bool = False) -> list[list[Span]]:
+    """The paper's remedy for flat selection (its Appendix G): the best ``share`` of all the
+    trees' leaves, ranked together, each raised by :func:`raise_by_rule`, so the parent-child
+    rule decides how much context a chosen leaf keeps (``fallback``: see :func:`raise_by_rule`;
+    ``lead``: see :func:`chosen_leaves`). A single-node tree (an image, a table kept whole) is
+    kept. Kept spans per tree; ``[]``: nothing of the tree is chosen."""
+    chosen = chosen_leaves(roots, scores, share, lead)
     return [raise_by_rule(r, c, sc, fallback) if r.children else [r.span] for r, c, sc in zip(roots, chosen, scores)]
+
+
+def score_hybrid(roots: Sequence[Node], share: float, fallback: float = 0.0,
+                 lead: bool = False) -> Generator[Ask, Sequence[float], list[dict[Span, float]]]:
+    """The scores :func:`hybrid` reads, asked for level by level like :func:`score_lazily`: every
+    leaf of every tree with children (they are ranked together), then the parent of each chosen
+    leaf, then the parent of each node that rose, while :func:`raise_by_rule` lets it rise. A tree
+    with no chosen leaf, and the nodes above where a leaf stops, are never scored; ``hybrid``
+    over these scores equals ``hybrid`` over every node's."""
+    scores: list[dict[Span, float]] = [{} for _ in roots]
+    ask = [(i, n) for i, r in enumerate(roots) if r.children for n, _ in r.walk() if n.is_leaf]
+    if not ask:
+        return scores
+    parent = [{c.span: n for n, _ in r.walk() for c in n.children} for r in roots]
+
+    def record(ask: Ask, got: Sequence[float]) -> None:
+        for (i, node), s in zip(ask, got, strict=True):
+            scores[i][node.span] = float(s)
+
+    record(ask, (yield ask))
+    rising = {(i, s) for i, c in enumerate(chosen_leaves(roots, scores, share, lead)) for s in c}
+    while rising := {(i, s) for i, s in rising if s in parent[i]}:  # a root rises no further
+        ask = list({(i, parent[i][s].span): (i, parent[i][s]) for i, s in sorted(rising)
+                    if parent[i][s].span not in scores[i]}.values())
+        if ask:
+            record(ask, (yield ask))
+        rising = {(i, parent[i][s].span) for i, s in rising
+                  if scores[i][parent[i][s].span] >= scores[i][s] - fallback}
+    return scores
 
 
 def fates(root: Node, kept: Sequence[Span]) -> dict[Span, str]:

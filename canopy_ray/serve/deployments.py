@@ -89,7 +89,7 @@ class QueryEncoder:
         from canopy_ray.models.encoder import build_encoder
         from canopy_ray.models.vector_cache import VectorCache
 
-        encoder_threads(cfg.models.threads)
+        encoder_threads(cfg.models.query_threads)
         self.encoder = build_encoder(cfg.models, adapter=False)
         self.cache = VectorCache(min(cfg.models.cache_mb, 32)) if cfg.models.cache_mb else None
         self.encode.set_max_batch_size(cfg.serve.query_batch_size)

@@ -2,11 +2,12 @@
 against hand-worked trees."""
 
 import math
+import random
 
 import pytest
 
 from canopy_ray.core.hierarchy import balanced_tree
-from canopy_ray.core.refine import drive, fates, gate, hybrid, raise_by_rule, score_all, score_lazily
+from canopy_ray.core.refine import drive, fates, gate, hybrid, raise_by_rule, score_hybrid, score_lazily
 
 FOUR = balanced_tree(4)  # (0,4) (0,2) (0,1) (1,2) (2,4) (2,3) (3,4)
 TWO = balanced_tree(2)  # (0,2) (0,1) (1,2)
@@ -50,15 +51,40 @@ def test_fates_of_chosen_spans():
     assert set(fates(FOUR, []).values()) == {"dropped"}
 
 
-def test_score_all_asks_every_node_once_and_lone_roots_are_scored_when_asked():
+def test_score_hybrid_asks_the_leaves_then_only_the_parents_a_chosen_leaf_may_rise_to():
     asked = []
 
     def score(ask):
-        asked.append(ask)
-        return [S4.get(n.span, 0.0) if i == 0 else S2[n.span] for i, n in ask]
+        asked.append([(i, n.span) for i, n in ask])
+        return [(S4 if i == 0 else S2)[n.span] for i, n in ask]
 
-    assert drive(score_all([FOUR, TWO]), score) == [S4, S2]
-    assert len(asked) == 1 and len(asked[0]) == 10
+    # chosen at 1/2: F(0,1) .6, T(1,2) .45, F(1,2) .4; F(1,2) rises to F(0,2) .5, which stops below the root
+    scores = drive(score_hybrid([FOUR, TWO], 0.5), score)
+    assert asked == [[(0, (0, 1)), (0, (1, 2)), (0, (2, 3)), (0, (3, 4)), (1, (0, 1)), (1, (1, 2))],
+                     [(0, (0, 2)), (1, (0, 2))], [(0, (0, 4))]]
+    assert (2, 4) not in scores[0]  # no chosen leaf below it
+    assert hybrid([FOUR, TWO], scores, 0.5) == hybrid([FOUR, TWO], [S4, S2], 0.5) == [[(0, 2)], [(1, 2)]]
+    assert drive(score_hybrid([LONE], 0.5), score) == [{}]  # a lone leaf is kept unscored
+
+
+def test_score_hybrid_reads_all_that_hybrid_reads():
+    rng = random.Random(0)
+    for _ in range(500):  # uneven trees, where leaves stand at different depths, and ties
+        roots = [balanced_tree(rng.randint(1, 11), rng.choice((2, 3))) for _ in range(rng.randint(1, 4))]
+        full = [{n.span: round(rng.random(), 1) for n, _ in r.walk()} for r in roots]
+        share, fallback, lead = rng.choice((0.2, 0.45, 1.0)), rng.choice((0.0, 0.1)), rng.random() < 0.5
+        asked = []
+
+        def score(ask):
+            asked.extend((i, n.span) for i, n in ask)
+            return [full[i][n.span] for i, n in ask]
+
+        lazy = drive(score_hybrid(roots, share, fallback, lead), score)
+        assert len(asked) == len(set(asked))  # each node scored once
+        assert hybrid(roots, lazy, share, fallback, lead) == hybrid(roots, full, share, fallback, lead)
+
+
+def test_score_lazily_scores_a_lone_leaf_only_when_asked_to():
     roots = [LONE, TWO]
     assert [n.span for _, n in next(score_lazily(roots))] == [(0, 2)]  # a lone leaf needs no score ...
     assert [(i, n.span) for i, n in next(score_lazily(roots, lone=True))] == [(0, (0, 1)), (1, (0, 2))]

@@ -41,9 +41,12 @@ def test_compress_explain_agrees_with_the_hybrid(url):
     body = post(url, "/v1/compress", {"query": QUESTION, "items": [ITEM, TABLE], "explain": True}).json()
     assert body["refinement"] == ref.mode == "hybrid"
     trees = [balanced_tree(5, 2), balanced_tree(3, 2)]
-    scores = [{tuple(node["span"]): node["score"] for node in item["nodes"]} for item in body["items"]]
-    # every node scored (leaves are ranked across the items), and the rule over them is the forest
-    assert all(s is not None for sc in scores for s in sc.values())
+    scores = [{tuple(node["span"]): node["score"] for node in item["nodes"] if node["score"] is not None}
+              for item in body["items"]]
+    # every leaf scored (they are ranked across the items), then only parents a chosen leaf may
+    # rise to; the rule over those scores is the forest
+    assert all((i, i + 1) in sc for t, sc in zip(trees, scores) for i in range(*t.span))
+    assert sum(map(len, scores)) < sum(len(list(t.walk())) for t in trees)
     kept = hybrid(trees, scores, ref.share, ref.fallback, ref.lead)
     assert [[list(s) for s in k] for k in kept] == [item["kept"] for item in body["items"]]
     assert "1889" in body["items"][0]["evidence"]
