@@ -85,10 +85,13 @@ def main(argv=None) -> int:
                     f"{run['aggregate']['evidence_recall']['mean']:.3f} |")
         print(rows[-1], flush=True)
     n_inf = diff["answer_recall_informative"]["n"]
+    r = cfg.refinement
+    refinement = (f"Algorithm 1 at margin {runner.base_settings().margin}" if r.mode == "canopy" else
+                  f"{r.mode}, share {r.share}, lead {r.lead}, BM25 weight {r.lexical}")
     lines = ["# TAT-QA: the table classifier against the data's labels", "",
              f"TAT-QA test questions with a table among their candidates: {len(es.questions)} (document-level "
-             f"split, given setting, reader skipped; {n_inf} informative; the config's refinement margin, "
-             f"{runner.base_settings().margin}). `no_projection` passes "
+             f"split, given setting, reader skipped; {n_inf} informative; the config's refinement: {refinement}). "
+             f"`no_projection` passes "
              f"{ref['aggregate']['tokens']['mean']:.0f} tokens. Truth: TAT-QA's `answer_type` count/arithmetic "
              f"({sum(needs_values)} questions), and >= 2 located gold rows ({sum(many_rows)}). Δ: CANOPY minus "
              "no_projection, paired, 95% bootstrap interval. `python benchmarks/table_classifier.py`", "",
