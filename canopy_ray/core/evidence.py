@@ -9,6 +9,7 @@ dependency-free default.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from itertools import accumulate
@@ -45,12 +46,18 @@ def merge_adjacent(spans: Sequence[Span]) -> list[Span]:
     return out
 
 
+def _file_name(path: str) -> str:
+    """A media marker names the file, not where it lies: a reader (maybe remote) has no use for the
+    server's directories, and the text, its tokens and its vector stay the same wherever it is installed."""
+    return os.path.basename(path)
+
+
 def _video_line(tree: ItemTree, span: Span) -> str:
     item = tree.item
     t0, t1 = tree.time_range(span)
     frames = ", ".join(_fmt_s(t) for t in tree.frames(span))
     speech = " ".join(s.text.strip() for s in item.transcript if s.start < t1 and s.end > t0)
-    line = f"[video {item.path} {_fmt_s(t0)}-{_fmt_s(t1)} s; frames at {frames} s]"
+    line = f"[video {_file_name(item.path)} {_fmt_s(t0)}-{_fmt_s(t1)} s; frames at {frames} s]"
     return f"{line} {speech}" if speech else line
 
 
@@ -82,7 +89,7 @@ def _render(tree: ItemTree, spans: Sequence[Span]) -> str:
         return head(item) + (f"\n{rows}" if spans else "")
     if isinstance(item, ImageItem):
         caption = f": {item.caption}" if item.caption else ""
-        return f"{head(item)}{caption} [image {item.path}]"
+        return f"{head(item)}{caption} [image {_file_name(item.path)}]"
     return head(item) + "\n".join(_video_line(tree, s) for s in spans)
 
 

@@ -66,6 +66,9 @@ def test_image_renders_by_reference_and_caption():
     img = parse_item({"id": "i", "modality": "image", "title": "Cat", "path": "c.png", "caption": "a cat"})
     p = piece(build_tree(img), [(0, 1)])
     assert p.text == "Cat: a cat [image c.png]" and p.media == (("c.png", None),)
+    far = parse_item({"id": "i", "modality": "image", "title": "Cat", "path": "/srv/media/c.png", "caption": "a cat"})
+    p = piece(build_tree(far), [(0, 1)])  # the reader's text names the file; the media keeps the path
+    assert p.text == "Cat: a cat [image c.png]" and p.media == (("/srv/media/c.png", None),)
 
 
 def test_count_words_counts_words_and_punctuation():
