@@ -38,12 +38,9 @@ TERMS = ("cos", "cross", "bm25", "log_words")
 
 def node_terms(gold, f0, f_theta, cross, cross_id: str, cache_dir) -> list[dict]:
     """Per gold item ``{term: {span: value}}`` for the four terms."""
-    from canopy_ray.eval.refinement import score_items
+    from canopy_ray.eval.refinement import query_vectors, score_items
 
-    queries = sorted({gi.question.question for gi in gold})
-    q_vecs = dict(zip(queries, cached_array(cache_dir, "queries", [f"queries:{getattr(f0, 'model_id', '')}", queries],
-                                            lambda: f0.encode_queries(queries))))
-    cos = score_items(gold, q_vecs, f_theta, cache_dir)
+    cos = score_items(gold, query_vectors(gold, f0, cache_dir), f_theta, cache_dir)
     pairs = [(gi.question.question, [node_text(gi.tree, s) for s in c]) for gi, c in zip(gold, cos)]
     flat = cached_array(cache_dir, "cross", [cross_id, pairs],
                         lambda: np.concatenate([cross.score(q, ts) for q, ts in pairs] or [np.zeros(0)]))
@@ -103,6 +100,7 @@ def main(argv=None) -> int:
         for name in sorted({family(gi.dataset) for gi in gold}):
             pick = [k for k, gi in enumerate(gold) if family(gi.dataset) == name]
             by_set[name] = measure([gold[k] for k in pick], [terms[k] for k in pick], GRID[chosen])
+
     def row(i: int) -> str:
         cells = [str(x) for x in GRID[i]] + [f"{100 * v:.1f}" for v in (*rows["validation"][i], *rows["test"][i])]
         return "| " + " | ".join(f"**{c}**" if i == chosen else c for c in cells) + " |"

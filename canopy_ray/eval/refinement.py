@@ -150,6 +150,13 @@ def encode_texts(encoder, texts: Sequence[str], chunk: int = 1024) -> np.ndarray
     return np.concatenate(parts)
 
 
+def query_vectors(gold: Sequence[GoldItem], f0, cache_dir: str | Path | None = None) -> dict[str, np.ndarray]:
+    """f0 of each gold item's question (cached per model in ``cache_dir`` when given)."""
+    queries = sorted({gi.question.question for gi in gold})
+    return dict(zip(queries, cached_array(cache_dir, "queries", [f"queries:{getattr(f0, 'model_id', '')}", queries],
+                                          lambda: f0.encode_queries(queries))))
+
+
 def score_items(gold: Sequence[GoldItem], q_vecs: Mapping[str, np.ndarray], encoder,
                 cache_dir: str | Path | None = None) -> list[dict]:
     """Node scores per gold item: cos(f0(q), encoder nodes); node texts encoded once each
@@ -184,11 +191,7 @@ def evaluate(gold: Sequence[GoldItem], encoders: Mapping[str, object], f0=None,
     queries are always encoded by ``f0`` (default: the first encoder's ``encode_queries``,
     which never uses an adapter).
     """
-    f0 = f0 or next(iter(encoders.values()))
-    queries = sorted({gi.question.question for gi in gold})
-    q_tag = f"queries:{getattr(f0, 'model_id', '')}"
-    q_vecs = dict(zip(queries, cached_array(cache_dir, "queries", [q_tag, queries],
-                                            lambda: f0.encode_queries(queries))))
+    q_vecs = query_vectors(gold, f0 or next(iter(encoders.values())), cache_dir)
     if max_depth is None:
         max_depth = max((tree_depth(gi.tree.root) for gi in gold), default=0)
     lengths = []
