@@ -1,7 +1,7 @@
 """``canopy quickstart``: index the bundled sample, serve it, ask it, show the forests.
 
 Starts a local Ray, runs the Ray Data index job on the sample corpus (resuming a finished
-index), starts the Serve application on 127.0.0.1 and asks a handful of sample questions over
+index; rebuilding one made with other settings), starts the Serve application on 127.0.0.1 and asks a handful of sample questions over
 HTTP with ``explain``. For each question it prints what the engine guarantees first, whether a
 gold answer survived compression into the kept evidence (answer recall), the tokens before and
 after and what the node encoder read, the time per stage, then the reader's answer, labelled
@@ -199,7 +199,9 @@ def run(cfg: CanopyConfig | None = None, out_dir: str | Path = "runs/quickstart"
     echo(f"[1/3] indexing {corpus} with the Ray Data job")
     # Without a running Ray, the job starts its own and stops it, so no Ray Data actor
     # outlives it to hold the CPUs the Serve replicas need.
-    summary = run_index(cfg, corpus, out / "index", media_root=corpus.parent, progress=True, num_cpus=2)
+    # the index is this command's own: one made with other settings (or older code) is rebuilt
+    summary = run_index(cfg, corpus, out / "index", media_root=corpus.parent, overwrite=True, progress=True,
+                        num_cpus=2)
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -24,6 +24,9 @@ GAP = " ... "  # between the kept parts of a passage
 ROW_GAP = "\n...\n"  # between the kept rows of a table
 CUT = " ..."  # after the head of a piece cut to the reader cap
 PIECE_SEP = "\n\n"  # between the pieces of the evidence
+# Raise it whenever node text changes: an index stores the node vectors of the text of its day,
+# and the index job rebuilds (or, without --overwrite, refuses) an index made under another
+NODE_TEXT_VERSION = 2
 
 
 def count_words(text: str) -> int:

@@ -8,7 +8,9 @@ against passing every item whole (``no_projection``) and the informative body an
 on the questions :func:`canopy_ray.core.metrics.informative` admits), with paired 95% intervals.
 
 Policies, over the scores ``tuned`` (f_theta) or ``tuned+bm25:w`` (plus w times BM25 scaled to
-[0, 1] within the question); with ``--cross DIR`` also ``cross`` (the cross-encoder node scorer of
+[0, 1] within the question); ``tuned+bm25:0.8+prf:w`` adds w times BM25 of the question expanded by
+the best leaf of each of the two best items (pseudo-relevance feedback, for the second hop of a
+multi-hop question); with ``--cross DIR`` also ``cross`` (the cross-encoder node scorer of
 :mod:`canopy_ray.train.cross`, a probability) alone, with BM25, and added to ``tuned+bm25:0.8``:
 
 - ``canopy m``: Algorithm 1 at margin m (:func:`canopy_ray.core.refine.refine`);
@@ -98,6 +100,20 @@ def cross_scores(eval_set, recs: list[dict], scorer, path: Path) -> None:
         rec["cross"] = s
 
 
+def feedback(question: str, trees: list[ItemTree], rec: dict, items: int = 2) -> list[float]:
+    """BM25 (scaled) of every node against the question plus the text of the best leaf (by
+    ``tuned+bm25:0.8``) of each of the ``items`` best items."""
+    base = np.asarray(rec["tuned"]) + 0.8 * np.asarray(scaled(rec["bm25"]))
+    leaves = [{n.span for n in t.nodes() if n.is_leaf} for t in trees]
+    best: dict[int, int] = {}  # item -> its best leaf's row
+    for k, (i, span) in enumerate(rec["nodes"]):
+        if tuple(span) in leaves[i] and (i not in best or base[k] > base[best[i]]):
+            best[i] = k
+    texts = [node_text(trees[i], tuple(span)) for i, span in rec["nodes"]]
+    top = sorted(best.values(), key=lambda k: -base[k])[:items]
+    return scaled(bm25(" ".join([question] + [texts[k] for k in top]), texts))
+
+
 def node_scores(rec: dict, scorer: str, n_items: int) -> list[dict[Span, float]]:
     """``base+name:w+...``: the base score plus w times each named one (BM25 scaled to [0, 1])."""
     base, *terms = scorer.split("+")
@@ -161,7 +177,8 @@ def summary(rows: list[dict], whole: list[dict]) -> dict:
             "delta": d.mean, "delta_ci": [d.low, d.high], "n": len(rows), "n_inf": len(rec)}
 
 
-SCORERS = ("tuned", "tuned+bm25:0.2", "tuned+bm25:0.4", "tuned+bm25:0.8", "tuned+bm25:1.2", "tuned+bm25:1.6")
+SCORERS = ("tuned", "tuned+bm25:0.2", "tuned+bm25:0.4", "tuned+bm25:0.8", "tuned+bm25:1.2", "tuned+bm25:1.6",
+           "tuned+bm25:0.8+prf:0.2", "tuned+bm25:0.8+prf:0.4", "tuned+bm25:0.8+prf:0.8")
 CROSS = ("cross", "cross+bm25:0.2", "cross+bm25:0.4", "cross+bm25:0.8",
          "tuned+bm25:0.8+cross:0.2", "tuned+bm25:0.8+cross:0.4")
 POLICIES = (["canopy 0", "canopy 0.05"] + [f"{g} 0.05/{d}" for g in ("gate", "gate-leaf") for d in (0.1, 0.2)]
@@ -237,6 +254,8 @@ def main(argv=None) -> int:
             d = Path(args.data) / s
             es = load_eval_set(s, d / "questions.jsonl", d / "corpus.jsonl", split=split)
             recs = score_set(es, encoder, work / f"{s}-{split}.json")
+            for q, rec in zip(es.questions, recs):
+                rec["prf"] = feedback(q.question, trees_of(q, es.items), rec)
             if cross is not None:
                 cross_scores(es, recs, cross, work / f"{s}-{split}-cross.json")
             whole = evaluate("whole", "tuned", es, recs, count)

@@ -59,11 +59,13 @@ class IndexJobError(RuntimeError):
 
 def _settings(cfg: CanopyConfig, media_root: Path) -> dict:
     """Everything the per-item rows depend on; a change invalidates finished shards."""
+    from canopy_ray.core.evidence import NODE_TEXT_VERSION
     from canopy_ray.models.adapters import adapter_id
 
     return {"models": {"encoder": cfg.models.encoder, "encoder_path": cfg.models.encoder_path,
                        "adapter_id": adapter_id(cfg.models.adapter), "max_length": cfg.models.max_length},
-            "hierarchy": cfg.hierarchy.model_dump(), "shard_items": cfg.index.shard_items,
+            "hierarchy": cfg.hierarchy.model_dump(), "node_text": NODE_TEXT_VERSION,
+            "shard_items": cfg.index.shard_items,
             "media_root": str(media_root)}
 
 

@@ -364,6 +364,7 @@ class Ingress:
         qvec = await self._call("encode", lambda: self.query_encoder.encode.remote(req.query))
         t1 = time.perf_counter()
         margin = self.settings.margin if req.margin is None else req.margin
+        mode = req.refinement or self.cfg.refinement.mode
         opts = CompressOptions(branching=req.branching, node_encoder=req.node_encoder, margin=margin, query=req.query,
                                refinement=req.refinement)
         results = await self._call("compress", lambda: self.refiner.compress.remote(qvec, items, opts))
@@ -371,8 +372,8 @@ class Ingress:
         out = [r.to_dict(req.explain) for r in results]
         totals = {k: sum(r[k] for r in out) for k in ("tokens_before", "tokens_after", "nodes_total",
                                                       "nodes_scored", "nodes_encoded", "encoded_tokens")}
-        return {"items": out, **totals, "node_encoder": req.node_encoder, "margin": margin,
-                "refinement": req.refinement or self.cfg.refinement.mode,
+        return {"items": out, **totals, "node_encoder": req.node_encoder, "refinement": mode,
+                "margin": margin if mode == "canopy" else None,  # the hybrid has none
                 "timings": {"encode_query": t1 - t0, "compress": t2 - t1}}
 
     @api.post("/v1/answer")
@@ -390,7 +391,10 @@ class Ingress:
         pipeline = Pipeline(backends, self.settings, self.count_tokens)
         ans = await self._deadline(pipeline.answer(req.question, k=req.k, rounds=req.rounds, branching=req.branching,
                                                    mode=req.mode, margin=req.margin), "the answer")
-        out = ans.to_dict() | {"margin": self.settings.margin if req.margin is None else req.margin}
+        margin = self.settings.margin if req.margin is None else req.margin
+        mode = req.mode or self.settings.mode  # "canopy": the server's refinement
+        refinement = self.cfg.refinement.mode if mode == "canopy" else mode
+        out = ans.to_dict() | {"margin": margin if refinement == "canopy" else None}  # Algorithm 1's alone
         if req.explain:
             out["items"] = [r.to_dict(explain=True) for r in ans.results]
         return out

@@ -45,3 +45,28 @@ def test_adapter_names_the_f_theta_that_scores(tmp_path, monkeypatch):
         with pytest.raises(SystemExit):
             main(["--work", str(tmp_path / "work"), "--tables", *argv])
     assert seen[0] != str(tmp_path) and seen[1] == str(tmp_path)
+
+
+
+def test_feedback_reaches_the_second_hop_through_the_best_leaf():
+    """A node that shares no word with the question gains from the words of the best item's best leaf."""
+    from canopy_ray.core.evidence import node_text
+    from canopy_ray.core.hierarchy import build_tree
+    from canopy_ray.core.items import TextItem
+    from canopy_ray.core.lexical import bm25
+    from canopy_ray.eval.study import feedback
+
+    band = TextItem("a", "Hirsute Pursuit", ("Hirsute Pursuit formed in 2006.", "Its songs describe gay sex."))
+    topic = TextItem("b", "Practices", ("Gay sex is common.", "Kinsey surveyed men."))
+    trees = [build_tree(band), build_tree(topic)]
+    nodes = [[i, list(n.span)] for i, t in enumerate(trees) for n in t.nodes()]
+    question = "Why are Hirsute Pursuit songs controversial?"
+    rec = {"nodes": nodes, "tuned": [0.0] * len(nodes),
+           "bm25": bm25(question, [node_text(trees[i], tuple(s)) for i, s in nodes])}
+    row = {(i, tuple(s)): k for k, (i, s) in enumerate(nodes)}
+    gay, kinsey, formed = row[(1, (0, 1))], row[(1, (1, 2))], row[(0, (0, 1))]
+    assert rec["bm25"][gay] == rec["bm25"][kinsey] == 0  # b shares no word with the question
+    got = feedback(question, trees, rec, items=1)  # a's best leaf: its songs (the question's words)
+    assert got[gay] > 0 and got[kinsey] == 0
+    rec["tuned"][formed] = 5.0  # now a's best leaf is the other one: nothing reaches b
+    assert feedback(question, trees, rec, items=1)[gay] == 0

@@ -109,8 +109,12 @@ def test_a_grown_corpus_embeds_only_its_changed_shards(full_run, minilm, tmp_pat
         run_index(config(), CORPUS, out, progress=False)
 
 
-def test_changed_settings_are_refused_without_overwrite(full_run):
+def test_changed_settings_are_refused_without_overwrite(full_run, monkeypatch):
     out, _ = full_run
     changed = load_config(None, hierarchy={"branching": 3}, index={"shard_items": 4})
     with pytest.raises(IndexJobError, match="other settings"):
         run_index(changed, CORPUS, out, progress=False)
+    # the same config, but node text rendered another way: the stored node vectors are stale
+    monkeypatch.setattr("canopy_ray.core.evidence.NODE_TEXT_VERSION", 3)
+    with pytest.raises(IndexJobError, match="other settings"):
+        run_index(config(), CORPUS, out, progress=False)

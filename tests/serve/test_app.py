@@ -39,7 +39,7 @@ def test_compress_explain_agrees_with_the_hybrid(url):
 
     ref = load_config().refinement  # the CPU default the app serves
     body = post(url, "/v1/compress", {"query": QUESTION, "items": [ITEM, TABLE], "explain": True}).json()
-    assert body["refinement"] == ref.mode == "hybrid"
+    assert body["refinement"] == ref.mode == "hybrid" and body["margin"] is None  # Algorithm 1's, unused
     trees = [balanced_tree(5, 2), balanced_tree(3, 2)]
     scores = [{tuple(node["span"]): node["score"] for node in item["nodes"] if node["score"] is not None}
               for item in body["items"]]
@@ -141,6 +141,7 @@ def test_answer_matches_the_in_process_pipeline(url, cfg):
     assert r.status_code == 200, r.text
     served = r.json()
     assert served["rounds"] >= 1 and served["llm_calls"]["reader"] == 1
+    assert served["margin"] is None  # the server's refinement is the hybrid: no margin was used
     assert set(served["tokens"]) == {"before", "after", "reader", "encoded", "nodes_encoded", "nodes_total"}
     assert {"encode", "search", "compress", "llm_reader", "total"} <= set(served["timings"])
 
