@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild every table under results/eval and results/margin from the shared data sets, on the document-level test split.
+# Rebuild the evaluation tables (results/eval, margin, study, refinement, sweep-kb) from the shared data sets.
 #   bash scripts/reproduce_eval.sh [SHARED_DATA]      (default ../shared/data)
 # Steps (each resumable: converted sets, the index and the LLM reply cache are kept in runs/):
 #   1. convert HotpotQA (dev700 + train100, one set), NQ (9 distractors, seed 0) and TAT-QA into runs/data/;
@@ -11,7 +11,14 @@
 #      point's budget (results/margin; nothing is chosen on test);
 #   4. open setting, shipped configuration: one index of the three corpora (runs/eval-index/all),
 #      60 test questions per set, the SmolLM2 critic's follow-up rounds;
-#   5. canopy report results/eval (results.md, pareto.md and the PNGs).
+#   5. canopy report results/eval (results.md, pareto.md and the PNGs);
+#   6. the refinement study (results/study: policies chosen on validation, reported on test);
+#   7. refinement on gold items, f0 and f_theta, on validation and test (results/refinement), and
+#      with a cross-encoder scorer the fused scorer (results/refinement/fusion);
+#   8. the k x B sweep of the shipped configuration (results/sweep-kb).
+# Steps 6 and 7 compare the cross-encoder when CROSS names one (`canopy train --scorer cross`
+# writes runs/train/minilm-cross/scorer; the published tables were made with it); without it
+# they leave its rows out.
 # Every run JSON's spec records the split, seed, n, candidate counts, config hash and adapter id.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +26,9 @@ SHARED=${1:-../shared/data}
 CONFIG=${CONFIG:-configs/cpu.yaml}
 METHODS=canopy,no_projection,random,flat_matched
 OPEN_N=${OPEN_N:-60}
+CROSS=${CROSS:-}
 C=.venv/bin/canopy
+PY=.venv/bin/python
 
 $C data convert --format hotpotqa "$SHARED/hotpotqa/hotpotqa_distractor_dev700.jsonl" \
     "$SHARED/hotpotqa/hotpotqa_train100.json" runs/data/hotpotqa
@@ -49,3 +58,17 @@ for set in hotpotqa nq tatqa; do
 done
 
 $C report results/eval
+
+$PY -m canopy_ray.eval.study --config "$CONFIG" ${CROSS:+--cross "$CROSS"}
+
+for split in validation test; do
+    $C eval-refinement --config "$CONFIG" --split $split --shared-data "$SHARED" --out results/refinement/$split
+    if [ -n "$CROSS" ]; then
+        $C eval-refinement --config "$CONFIG" --split $split --shared-data "$SHARED" --cross "$CROSS" \
+            --out results/refinement/$split-cross
+    fi
+done
+if [ -n "$CROSS" ]; then $PY -m canopy_ray.eval.fusion --config "$CONFIG" --cross "$CROSS" --shared-data "$SHARED"; fi
+
+$C sweep --spec configs/sweep-kb.yaml --out results/sweep-kb
+$C report results/sweep-kb
