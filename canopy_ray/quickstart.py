@@ -1,13 +1,13 @@
 """``canopy quickstart``: index the bundled sample, serve it, ask it, show the forests.
 
 Starts a local Ray, runs the Ray Data index job on the sample corpus (resuming a finished
-index; rebuilding one made with other settings), starts the Serve application on 127.0.0.1 and asks a handful of sample questions over
-HTTP with ``explain``. For each question it prints what the engine guarantees first, whether a
-gold answer survived compression into the kept evidence (answer recall), the tokens before and
-after and what the node encoder read, the time per stage, then the reader's answer, labelled
-with the model that gave it (the CPU default is SmolLM2-135M, a weak reader): a reply that did
-not parse, or that the evidence does not contain, is shown as "no answer" with the reason.
-Then each item's evidence forest. ``report.html`` (rendered from
+index; rebuilding one made with other settings or older code), starts the Serve application on
+127.0.0.1 and asks a handful of sample questions over HTTP with ``explain``. For each question it
+prints what the engine guarantees first, whether a gold answer survived compression into the kept
+evidence (answer recall), the tokens before and after and what the node encoder read, the time
+per stage, then the reader's answer, labelled with the model that gave it (the CPU default is
+SmolLM2-135M, a weak reader): a reply that did not parse, or that the evidence does not contain,
+is shown as "no answer" with the reason. Then each item's evidence forest. ``report.html`` (rendered from
 ``assets/templates/quickstart.html.j2``) shows the same; ``answers.json`` keeps the raw responses.
 """
 
@@ -199,7 +199,7 @@ def run(cfg: CanopyConfig | None = None, out_dir: str | Path = "runs/quickstart"
     echo(f"[1/3] indexing {corpus} with the Ray Data job")
     # Without a running Ray, the job starts its own and stops it, so no Ray Data actor
     # outlives it to hold the CPUs the Serve replicas need.
-    # the index is this command's own: one made with other settings (or older code) is rebuilt
+    # the index is this command's own, so one made with other settings is rebuilt, not refused
     summary = run_index(cfg, corpus, out / "index", media_root=corpus.parent, overwrite=True, progress=True,
                         num_cpus=2)
     started = not ray.is_initialized()

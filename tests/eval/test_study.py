@@ -47,7 +47,6 @@ def test_adapter_names_the_f_theta_that_scores(tmp_path, monkeypatch):
     assert seen[0] != str(tmp_path) and seen[1] == str(tmp_path)
 
 
-
 def test_feedback_reaches_the_second_hop_through_the_best_leaf():
     """A node that shares no word with the question gains from the words of the best item's best leaf."""
     from canopy_ray.core.evidence import node_text
