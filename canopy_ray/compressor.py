@@ -37,6 +37,12 @@ MODES = ("canopy", "hybrid", "none", "flat")
 NODE_ENCODERS = ("tuned", "frozen")
 
 
+def refinement_of(mode: str, refinement: str | None, configured: str) -> str:
+    """What a call in ``mode`` runs: ``canopy`` runs the requested refinement, else the configured
+    one (Algorithm 1 or the hybrid); the other modes run themselves."""
+    return (refinement or configured) if mode == "canopy" else mode
+
+
 @dataclass(frozen=True)
 class CompressOptions:
     """How one call compresses its items (travels as one value across a Serve handle).
@@ -295,9 +301,7 @@ class Compressor:
         return self.margin if opts.margin is None else opts.margin
 
     def mode_of(self, opts: CompressOptions) -> str:
-        """``canopy`` requests run the request's refinement, else the compressor's (Algorithm 1
-        or the hybrid)."""
-        return (opts.refinement or self.mode) if opts.mode == "canopy" else opts.mode
+        return refinement_of(opts.mode, opts.refinement, self.mode)
 
     def share_of(self, opts: CompressOptions) -> float:
         return self.share if opts.share is None else opts.share

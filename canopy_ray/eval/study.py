@@ -103,15 +103,11 @@ def cross_scores(eval_set, recs: list[dict], scorer, path: Path) -> None:
 def feedback(question: str, trees: list[ItemTree], rec: dict, items: int = 2) -> list[float]:
     """BM25 (scaled) of every node against the question plus the text of the best leaf (by
     ``tuned+bm25:0.8``) of each of the ``items`` best items."""
-    base = np.asarray(rec["tuned"]) + 0.8 * np.asarray(scaled(rec["bm25"]))
-    leaves = [{n.span for n in t.nodes() if n.is_leaf} for t in trees]
-    best: dict[int, int] = {}  # item -> its best leaf's row
-    for k, (i, span) in enumerate(rec["nodes"]):
-        if tuple(span) in leaves[i] and (i not in best or base[k] > base[best[i]]):
-            best[i] = k
-    texts = [node_text(trees[i], tuple(span)) for i, span in rec["nodes"]]
-    top = sorted(best.values(), key=lambda k: -base[k])[:items]
-    return scaled(bm25(" ".join([question] + [texts[k] for k in top]), texts))
+    scores = node_scores(rec, "tuned+bm25:0.8", len(trees))
+    best = [max((n.span for n in t.nodes() if n.is_leaf), key=sc.__getitem__) for t, sc in zip(trees, scores)]
+    top = sorted(range(len(trees)), key=lambda i: -scores[i][best[i]])[:items]
+    return scaled(bm25(" ".join([question] + [node_text(trees[i], best[i]) for i in top]),
+                       [node_text(trees[i], tuple(span)) for i, span in rec["nodes"]]))
 
 
 def node_scores(rec: dict, scorer: str, n_items: int) -> list[dict[Span, float]]:

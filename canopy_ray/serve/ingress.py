@@ -41,7 +41,7 @@ from ray.exceptions import (NodeDiedError, ObjectLostError, RayActorError, RaySy
                             TaskCancelledError, WorkerCrashedError)
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
-from canopy_ray.compressor import CompressOptions
+from canopy_ray.compressor import CompressOptions, refinement_of
 from canopy_ray.config import CanopyConfig
 from canopy_ray.core.errors import ItemError
 from canopy_ray.core.files import under_root
@@ -364,7 +364,7 @@ class Ingress:
         qvec = await self._call("encode", lambda: self.query_encoder.encode.remote(req.query))
         t1 = time.perf_counter()
         margin = self.settings.margin if req.margin is None else req.margin
-        mode = req.refinement or self.cfg.refinement.mode
+        mode = refinement_of("canopy", req.refinement, self.cfg.refinement.mode)
         opts = CompressOptions(branching=req.branching, node_encoder=req.node_encoder, margin=margin, query=req.query,
                                refinement=req.refinement)
         results = await self._call("compress", lambda: self.refiner.compress.remote(qvec, items, opts))
@@ -392,8 +392,7 @@ class Ingress:
         ans = await self._deadline(pipeline.answer(req.question, k=req.k, rounds=req.rounds, branching=req.branching,
                                                    mode=req.mode, margin=req.margin), "the answer")
         margin = self.settings.margin if req.margin is None else req.margin
-        mode = req.mode or self.settings.mode  # "canopy": the server's refinement
-        refinement = self.cfg.refinement.mode if mode == "canopy" else mode
+        refinement = refinement_of(req.mode or self.settings.mode, None, self.cfg.refinement.mode)
         out = ans.to_dict() | {"margin": margin if refinement == "canopy" else None}  # Algorithm 1's alone
         if req.explain:
             out["items"] = [r.to_dict(explain=True) for r in ans.results]
