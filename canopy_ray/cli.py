@@ -27,6 +27,7 @@ PASS_THROUGH = {
     "sweep": ("canopy_ray.eval.sweep", "the resumable k x B sweep on an autoscaling Ray actor pool"),
     "report": ("canopy_ray.eval.report", "turn a results folder into a markdown table and PNG plots"),
     "calibrate": ("canopy_ray.eval.calibrate", "choose the refinement margin on validation for a recall target"),
+    "compact": ("canopy_ray.train.compact", "truncate a LoRA adapter's updates to a lower rank (SVD), in fp16"),
 }
 
 

@@ -22,7 +22,7 @@ def test_the_shipped_config_is_named_as_the_study_names_policies():
     from canopy_ray.eval.study import POLICIES, SCORERS, shipped
 
     scorer, policy = shipped(load_config())
-    assert (scorer, policy) == ("tuned+bm25:0.8", "lead 0.45")
+    assert (scorer, policy) == ("tuned+bm25:0.4", "hybrid 0.5")
     assert scorer in SCORERS and policy in POLICIES
     cfg = load_config(None, refinement={"mode": "hybrid", "share": 0.5, "lead": False, "lexical": 0.8, "cross": 0.4},
                       models={"scorer": "somewhere"})
