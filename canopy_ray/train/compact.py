@@ -45,7 +45,7 @@ def compact(src: str | Path, out: str | Path, rank: int, dtype: torch.dtype = to
 
     src, out = Path(src), Path(out)
     cfg = json.loads((src / ADAPTER_FILES[0]).read_text())
-    scale = _scale(cfg)
+    scale, source_rank = _scale(cfg), int(cfg["r"])
     state = load_file(str(src / ADAPTER_FILES[1]))
     new, energies = {}, []
     for key in sorted(k for k in state if ".lora_A." in k):
@@ -59,7 +59,7 @@ def compact(src: str | Path, out: str | Path, rank: int, dtype: torch.dtype = to
     save_file(new, str(out / ADAPTER_FILES[1]))
     cfg.update(r=rank, lora_alpha=rank, use_rslora=False)
     (out / ADAPTER_FILES[0]).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    summary = {"source_rank": int(json.loads((src / ADAPTER_FILES[0]).read_text())["r"]), "rank": rank,
+    summary = {"source_rank": source_rank, "rank": rank,
                "dtype": str(dtype).removeprefix("torch."), "maps": len(energies),
                "energy_min": round(min(energies), 4), "energy_mean": round(sum(energies) / len(energies), 4),
                "bytes": (out / ADAPTER_FILES[1]).stat().st_size}
