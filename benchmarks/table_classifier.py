@@ -1,6 +1,6 @@
 """What decides TAT-QA's savings: the table classifier, measured against the data's own labels.
 
-For the TAT-QA test questions (document-level split, given setting, reader skipped) whose
+For the TAT-QA questions of a split (test unless ``--split``; given setting, reader skipped) whose
 candidates hold a table, it compares the table classifiers of ``critic.table_classifier``:
 ``llm`` (the CPU SmolLM2, the paper's design), ``rules`` (:mod:`canopy_ray.core.table_rules`),
 and the two forced modes, ``whole`` (every table kept whole) and ``never`` (no classifier: every
@@ -9,7 +9,7 @@ records (``answer_type`` count/arithmetic = needs several values; and, stricter,
 the converter located: >= 2 rows), and CANOPY's reader tokens and answer recall (body,
 informative questions) against ``no_projection`` on the same questions.
 
-    python benchmarks/table_classifier.py [--n N] [--out results/bench/table_classifier.md]
+    python benchmarks/table_classifier.py [--split validation] [--n N] [--out results/bench/table_classifier.md]
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def raw_answer_types(path: Path) -> dict[str, str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="configs/cpu.yaml")
-    p.add_argument("--n", type=int, default=None, help="test questions (default: all with a table)")
+    p.add_argument("--split", choices=["validation", "test"], default="test")
+    p.add_argument("--n", type=int, default=None, help="questions (default: all with a table)")
     p.add_argument("--llm-cache", default="runs/llm.sqlite")
     p.add_argument("--out", default="results/bench/table_classifier.md")
     args = p.parse_args(argv)
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
 
     cfg = load_config(args.config)
     d = prepare_shared(SHARED, Path("runs/data"), ["tatqa"])["tatqa"]
-    es = load_eval_set("tatqa", d / "questions.jsonl", d / "corpus.jsonl", split="test")
+    es = load_eval_set("tatqa", d / "questions.jsonl", d / "corpus.jsonl", split=args.split)
     es.questions = [q for q in es.questions if any(isinstance(es.items[c], TableItem) for c in q.candidates)]
     es.questions = es.questions[:args.n] if args.n else es.questions
     kinds = raw_answer_types(SHARED / "tatqa" / "tatqa_dev.json")
@@ -89,12 +90,13 @@ def main(argv=None) -> int:
     refinement = (f"Algorithm 1 at margin {runner.base_settings().margin}" if r.mode == "canopy" else
                   f"{r.mode}, share {r.share}, lead {r.lead}, BM25 weight {r.lexical}")
     lines = ["# TAT-QA: the table classifier against the data's labels", "",
-             f"TAT-QA test questions with a table among their candidates: {len(es.questions)} (document-level "
-             f"split, given setting, reader skipped; {n_inf} informative; the config's refinement: {refinement}). "
+             f"TAT-QA {args.split} questions with a table among their candidates: {len(es.questions)} "
+             f"(document-level split, given setting, reader skipped; {n_inf} informative; the config's refinement: {refinement}). "
              f"`no_projection` passes "
              f"{ref['aggregate']['tokens']['mean']:.0f} tokens. Truth: TAT-QA's `answer_type` count/arithmetic "
              f"({sum(needs_values)} questions), and >= 2 located gold rows ({sum(many_rows)}). Δ: CANOPY minus "
-             "no_projection, paired, 95% bootstrap interval. `python benchmarks/table_classifier.py`", "",
+             "no_projection, paired, 95% bootstrap interval. `python benchmarks/table_classifier.py"
+             + (f" --split {args.split} --out {args.out}`" if args.split != "test" else "`"), "",
              "| classifier | says aggregation | accuracy vs count/arithmetic | accuracy vs >= 2 gold rows | "
              "reader tokens (vs no_projection) | Δanswer recall, informative | Δanswer recall, all | evidence recall |",
              "|---|---|---|---|---|---|---|---|", *rows, ""]

@@ -88,8 +88,9 @@ class CriticConfig(Section):
     video_token_cap: int = Field(65536, ge=256, description="the cap when the evidence holds video (long video)")
     classify_tables: bool = Field(True, description="classify each new table's question: aggregation keeps it whole")
     table_classifier: Literal["llm", "rules", "whole"] = Field(
-        "llm", description="llm: one LLM call per new table (the paper); rules: a deterministic keyword rule, no "
-                           "call (canopy_ray.core.table_rules); whole: every table kept whole")
+        "rules", description="llm: one LLM call per new table (the paper; configs/paper-gpu.yaml); rules: a "
+                             "deterministic keyword rule, no call (canopy_ray.core.table_rules), chosen on "
+                             "validation for the CPU models; whole: every table kept whole")
     table_preview: int = Field(0, ge=0, description="table rows the classifier sees (0: the question alone)")
     router: bool = Field(False, description="CANOPY-dagger: one LLM call per round picks the modalities to search")
 

@@ -48,7 +48,7 @@ $C calibrate --config "$CONFIG" --split test --n 100 --grid 0,0.02,0.03,0.05 --m
 
 mkdir -p runs/eval-corpus
 cat runs/data/{hotpotqa,nq,tatqa}/corpus.jsonl > runs/eval-corpus/all.jsonl
-$C index --config "$CONFIG" --corpus runs/eval-corpus/all.jsonl --out runs/eval-index/all
+$C index --config "$CONFIG" --corpus runs/eval-corpus/all.jsonl --out runs/eval-index/all --overwrite
 mkdir -p results/eval/open
 cp runs/eval-index/all/summary.json results/eval/open/index_summary.json  # what the open runs retrieve from
 for set in hotpotqa nq tatqa; do

@@ -187,9 +187,12 @@ class Refiner:
     has seen, for /v1/compress and /v1/answer alike) or the NodeEncoder."""
 
     def __init__(self, cfg: CanopyConfig, node_encoder):
+        from canopy_ray.models.llm.tokens import token_counter
         from canopy_ray.models.vector_cache import VectorCache
 
         self.cfg, self.node_encoder = cfg, node_encoder
+        # The reader's tokens, as the ingress counts them; loaded here, not on the first request.
+        self.count_tokens = token_counter(cfg.llm)
         self.cache = VectorCache(cfg.models.cache_mb) if cfg.models.cache_mb else None
         self.store = None
         if cfg.serve.index_dir:
@@ -204,13 +207,10 @@ class Refiner:
     async def _compressor(self, opts: CompressOptions) -> Compressor:
         if self.compressors is None:  # the node store checks vectors against the encoder's identity
             identities = await self.node_encoder.identities.remote()
-            from canopy_ray.models.llm.tokens import token_counter
-
             if self.compressors is None:  # not made by a request that waited beside this one
-                count = token_counter(self.cfg.llm)  # the reader's tokens, as the ingress counts them
                 self.compressors = {(name, store): Compressor.from_config(
                     self.cfg, ident, node_store=self.store if store else None, cache=self.cache,
-                    count_tokens=count, cross=self.cfg.refinement.cross if name == "tuned" else 0.0)
+                    count_tokens=self.count_tokens, cross=self.cfg.refinement.cross if name == "tuned" else 0.0)
                     for name, ident in identities.items() for store in (True, False)}
         return self.compressors[(opts.node_encoder, opts.use_store)]
 

@@ -99,8 +99,8 @@ def test_sample_is_fixed_and_nested():
 
 
 # The shipped refinement, scored by cosine alone (no BM25 beside it), so that node scores compare
-# with the encoders' own cosines
-COSINE = load_config(None, refinement={"lexical": 0.0})
+# with the encoders' own cosines; tables classified by the LLM, so that its calls are counted
+COSINE = load_config(None, refinement={"lexical": 0.0}, critic={"table_classifier": "llm"})
 
 @pytest.fixture(scope="module")
 def runner(minilm):
