@@ -91,7 +91,8 @@ def main(argv=None) -> int:
                   f"{r.mode}, share {r.share}, lead {r.lead}, BM25 weight {r.lexical}")
     lines = ["# TAT-QA: the table classifier against the data's labels", "",
              f"TAT-QA {args.split} questions with a table among their candidates: {len(es.questions)} "
-             f"(document-level split, given setting, reader skipped; {n_inf} informative; the config's refinement: {refinement}). "
+             f"(document-level split, given setting, reader skipped; {n_inf} informative; the config's "
+             f"refinement: {refinement}). "
              f"`no_projection` passes "
              f"{ref['aggregate']['tokens']['mean']:.0f} tokens. Truth: TAT-QA's `answer_type` count/arithmetic "
              f"({sum(needs_values)} questions), and >= 2 located gold rows ({sum(many_rows)}). Δ: CANOPY minus "

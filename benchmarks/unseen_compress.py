@@ -72,12 +72,13 @@ def run(url: str, questions, branching: int) -> dict:
                                                             "node_encoder": enc, "refinement": "canopy",
                                                             "margin": 0})
                 r.raise_for_status()
-                res, row = r.json()["items"], rows[enc]
+                out, row = r.json(), rows[enc]
+                res = out["items"]
                 row["recall"] += answer_recall("\n".join(x["evidence"] for x in res), q.answers)
                 row["whole_recall"] += answer_recall(whole, q.answers)
                 row["before"] += sum(x["tokens_before"] for x in res)
                 row["after"] += sum(x["tokens_after"] for x in res)
-                row["violations"] += sum(violations(t, x, r.json()["margin"]) for t, x in zip(trees, res))
+                row["violations"] += sum(violations(t, x, out["margin"]) for t, x in zip(trees, res))
                 row["items"] += len(res)
     return rows
 
