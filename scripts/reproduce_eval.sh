@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Rebuild the evaluation tables (results/eval, margin, study, refinement, sweep-kb) from the shared data sets.
+# Rebuild the evaluation tables (results/eval, margin, study, refinement, sweep-kb, the table classifier's)
+# and the shipped adapter's calibration from the shared data sets.
 #   bash scripts/reproduce_eval.sh [SHARED_DATA]      (default ../shared/data)
 # Steps (each resumable: converted sets, the index and the LLM reply cache are kept in runs/):
 #   1. convert HotpotQA (dev700 + train100, one set), NQ (9 distractors, seed 0) and TAT-QA into runs/data/;
+#      then what is chosen on validation questions: Algorithm 1's margin (calibration.json beside the
+#      config's adapter, read by `refinement.margin: auto`) and the table classifier
+#      (results/bench/table_classifier_validation.md; its test report beside it);
 #   2. given setting: every test question of each set, canopy / no_projection / random / flat_matched,
 #      reader skipped (answer recall is reader-free): the shipped hybrid (results/eval/given-hybrid), and
 #      Algorithm 1 at the paper's margin 0 (results/eval/given) and at the adapter's calibrated margin
@@ -34,6 +38,11 @@ $C data convert --format hotpotqa "$SHARED/hotpotqa/hotpotqa_distractor_dev700.j
     "$SHARED/hotpotqa/hotpotqa_train100.json" runs/data/hotpotqa
 $C data convert --format nq --n-distractors 9 --seed 0 "$SHARED/nq/nq_open_oracle_1655.jsonl.gz" runs/data/nq
 $C data convert --format tatqa "$SHARED/tatqa/tatqa_dev.json" runs/data/tatqa
+
+$C calibrate --config "$CONFIG" --target-loss 0.01 --shared-data "$SHARED" --work-dir runs/data
+tc=(env CANOPY_SHARED_DATA="$SHARED" $PY benchmarks/table_classifier.py --config "$CONFIG" --llm-cache runs/llm.sqlite)
+"${tc[@]}" --split validation --out results/bench/table_classifier_validation.md
+"${tc[@]}" --split test --out results/bench/table_classifier.md
 
 for set in hotpotqa nq tatqa; do
     given=($C eval --config "$CONFIG" --questions runs/data/$set/questions.jsonl --corpus runs/data/$set/corpus.jsonl

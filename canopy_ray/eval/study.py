@@ -1,17 +1,18 @@
 """Compression policies compared on the given setting, chosen on validation, reported on test.
 
-Every node of every candidate item is scored once per question and split (f_theta
-cosine, and BM25 within the question's candidates), cached under ``--work``; then each
+Every node of every candidate item is scored once per question and split (cosine with f_theta
+and with f0, and BM25 within the question's candidates), cached under ``--work``; then each
 policy is replayed from those scores. A policy's row holds the reader's evidence tokens
 against passing every item whole (``no_projection``) and the informative body answer recall
 (:func:`canopy_ray.core.metrics.answer_recall` of :func:`canopy_ray.core.evidence.evidence_body`,
 on the questions :func:`canopy_ray.core.metrics.informative` admits), with paired 95% intervals.
 
-Policies, over the scores ``tuned`` (f_theta) or ``tuned+bm25:w`` (plus w times BM25 scaled to
-[0, 1] within the question); ``tuned+bm25:0.8+prf:w`` adds w times BM25 of the question expanded by
-the best leaf of each of the two best items (pseudo-relevance feedback, for the second hop of a
-multi-hop question); with ``--cross DIR`` also ``cross`` (the cross-encoder node scorer of
-:mod:`canopy_ray.train.cross`, a probability) alone, with BM25, and added to ``tuned+bm25:0.8``:
+Policies, over the scores ``tuned`` (f_theta), ``f0`` (frozen) or either ``+bm25:w`` (plus w
+times BM25 scaled to [0, 1] within the question); ``tuned+bm25:0.8+prf:w`` adds w times BM25 of
+the question expanded by the best leaf of each of the two best items (pseudo-relevance feedback,
+for the second hop of a multi-hop question); with ``--cross DIR`` also ``cross`` (the
+cross-encoder node scorer of :mod:`canopy_ray.train.cross`, a probability) alone, with BM25, and
+added to ``tuned+bm25:0.8``:
 
 - ``canopy m``: Algorithm 1 at margin m (:func:`canopy_ray.core.refine.refine`);
 - ``gate m/d``: refinement at margin m, then an item whose best visited node scores below the
@@ -23,10 +24,12 @@ multi-hop question); with ``--cross DIR`` also ``cross`` (the cross-encoder node
   and an item with a chosen leaf keeps its first one too;
 - ``flat r``: the same top r share of leaves, not raised (flat selection at that budget).
 
-Tables follow the rules classifier (aggregation tables whole), as ``critic.table_classifier:
-rules``. Run ``python -m canopy_ray.eval.study --split validation`` and ``--split test`` (two
-processes; the second to finish writes ``results/study/study.md`` and ``.json``) on the sets
-``canopy data convert`` wrote to ``runs/data`` (``scripts/reproduce_eval.sh`` step 1).
+A second table gives each scorer's decision accuracy and gold recall on the questions' gold
+items (:func:`gold_stats`). Tables follow the rules classifier (aggregation tables whole), as
+``critic.table_classifier: rules``. Run ``python -m canopy_ray.eval.study --split validation``
+and ``--split test`` (two processes; the second to finish writes ``results/study/study.md`` and
+``.json``) on the sets ``canopy data convert`` wrote to ``runs/data`` (``scripts/reproduce_eval.sh``
+step 1).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from canopy_ray.core.evidence import evidence_body, head, node_text, piece, rend
 from canopy_ray.core.hierarchy import ItemTree, Span, build_tree
 from canopy_ray.core.items import TableItem
 from canopy_ray.core.lexical import bm25, scaled
-from canopy_ray.core.metrics import answer_recall, bootstrap_ci, informative, paired_difference_ci
+from canopy_ray.core.metrics import answer_recall, bootstrap_ci, informative, paired_difference_ci, refinement_stats
 from canopy_ray.core.refine import drive, gate, hybrid, refine, score_lazily, top_leaves
 from canopy_ray.core.table_rules import table_kind
 
@@ -58,17 +61,22 @@ def trees_of(question, items) -> list[ItemTree]:
 
 
 def score_set(eval_set, encoder, path: Path) -> list[dict]:
-    """Per question: every node's f_theta cosine and BM25 score (cached as JSON at ``path``)."""
+    """Per question: every node's cosine with f_theta (``tuned``) and with f0 (``f0``) and its
+    BM25 score (cached as JSON at ``path``)."""
     if path.is_file():
         return json.loads(path.read_text())
     from tqdm import tqdm
 
-    out, vectors = [], {}  # node text -> f_theta vector: questions share passages and reports
+    from canopy_ray.models.encoder import frozen_nodes
 
-    def vecs(pieces):
+    out, encoders = [], {"tuned": encoder, "f0": frozen_nodes(encoder)}
+    cache: dict = {name: {} for name in encoders}  # node text -> vector: questions share passages and reports
+
+    def vecs(pieces, name):
+        enc, vectors = encoders[name], cache[name]
         new = list({p.text: p for p in pieces if p.text not in vectors}.values())
         if new:
-            for p, v in zip(new, encoder.encode_nodes(new)):
+            for p, v in zip(new, enc.encode_nodes(new)):
                 vectors[p.text] = v
         return np.stack([vectors[p.text] for p in pieces])
 
@@ -77,10 +85,9 @@ def score_set(eval_set, encoder, path: Path) -> list[dict]:
         nodes = [(i, n.span) for i, t in enumerate(trees) for n in t.nodes()]
         pieces = [piece(trees[i], [s]) for i, s in nodes]
         qv = encoder.encode_queries([q.question])[0]
-        tuned = vecs(pieces) @ qv
         lex = bm25(q.question, [p.text for p in pieces])
-        out.append({"id": q.id, "nodes": [[i, list(s)] for i, s in nodes],
-                    "tuned": tuned.tolist(), "bm25": lex})
+        out.append({"id": q.id, "nodes": [[i, list(s)] for i, s in nodes], "bm25": lex,
+                    **{name: (vecs(pieces, name) @ qv).tolist() for name in encoders}})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out))
     return out
@@ -149,6 +156,20 @@ def apply(policy: str, trees: list[ItemTree], scores: list[dict[Span, float]]) -
     raise ValueError(f"unknown policy {policy!r}")
 
 
+def gold_stats(question, trees: list[ItemTree], scores: list[dict[Span, float]], kept: list[list[Span]]) -> list:
+    """:class:`~canopy_ray.core.metrics.RefinementStats` of the question's gold items with located
+    leaves and a hierarchy (an aggregation table kept whole has none), as ``canopy eval-refinement``
+    counts them on gold items alone: the scorer's preferences hold or not (decision accuracy), and
+    the policy kept a gold leaf or not (gold recall; an item left out keeps none)."""
+    gold = {g.item_id: g.leaves for g in question.gold if g.leaves}
+    out = []
+    for c, t, sc, k in zip(question.candidates, trees, scores, kept):
+        leaves = [i for i in gold.get(c, ()) if i < t.n_leaves]
+        if leaves and t.root.children:
+            out.append(refinement_stats(t.root, sc, k, leaves))
+    return out
+
+
 def evaluate(policy: str, scorer: str, eval_set, recs: list[dict], count) -> list[dict]:
     rows = []
     for q, rec in zip(eval_set.questions, recs):
@@ -158,7 +179,8 @@ def evaluate(policy: str, scorer: str, eval_set, recs: list[dict], count) -> lis
         pieces = [piece(t, k) for t, k in zip(trees, kept) if k]
         useful = bool(q.answers) and informative(q.answers, [head(t.item) for t in trees])
         rows.append({"tokens": count(render_evidence(pieces)),
-                     "recall": answer_recall(evidence_body(pieces), q.answers) if useful else None})
+                     "recall": answer_recall(evidence_body(pieces), q.answers) if useful else None,
+                     "gold": gold_stats(q, trees, scores, kept)})
     return rows
 
 
@@ -168,12 +190,17 @@ def summary(rows: list[dict], whole: list[dict]) -> dict:
     pairs = [(r["recall"], w["recall"]) for r, w in zip(rows, whole) if r["recall"] is not None]
     rec = [a for a, _ in pairs]
     r, d = bootstrap_ci(rec), paired_difference_ci(rec, [b for _, b in pairs])
+    gold = [g for row in rows for g in row["gold"]]
     return {"tokens": float(tok.mean()), "saved": float(1 - tok.sum() / base.sum()),
             "recall": r.mean, "recall_ci": [r.low, r.high],
-            "delta": d.mean, "delta_ci": [d.low, d.high], "n": len(rows), "n_inf": len(rec)}
+            "delta": d.mean, "delta_ci": [d.low, d.high], "n": len(rows), "n_inf": len(rec),
+            # micro counts, pooled over the sets by the decisions table
+            "preferences": [sum(g.pref_correct for g in gold), sum(g.pref_nodes for g in gold)],
+            "gold_leaves": [sum(g.gold_kept for g in gold), sum(g.gold_leaves for g in gold)]}
 
 
-SCORERS = ("tuned", "tuned+bm25:0.2", "tuned+bm25:0.4", "tuned+bm25:0.8", "tuned+bm25:1.2", "tuned+bm25:1.6",
+SCORERS = ("f0", "f0+bm25:0.4",
+           "tuned", "tuned+bm25:0.2", "tuned+bm25:0.4", "tuned+bm25:0.8", "tuned+bm25:1.2", "tuned+bm25:1.6",
            "tuned+bm25:0.8+prf:0.2", "tuned+bm25:0.8+prf:0.4", "tuned+bm25:0.8+prf:0.8")
 CROSS = ("cross", "cross+bm25:0.2", "cross+bm25:0.4", "cross+bm25:0.8",
          "tuned+bm25:0.8+cross:0.2", "tuned+bm25:0.8+cross:0.4")
@@ -213,6 +240,29 @@ def table(results: dict, chosen: tuple[str, str], split: str, ship: tuple[str, s
                       f"{100 * r['delta']:+.1f} [{100 * r['delta_ci'][0]:+.1f}, {100 * r['delta_ci'][1]:+.1f}]"]
         mark = (" **(chosen)**" if key == chosen else "") + (" **(shipped)**" if key == ship else "")
         lines.append(f"| {key[0]} | {key[1]}{mark} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def decisions(results: dict, split: str, ship: tuple[str, str]) -> list[str]:
+    """Each scorer's decision accuracy on the gold items (policy-free: its preferences) and the
+    gold recall of Algorithm 1 and of the shipped policy with it, micro, pooled over the sets."""
+    def pct(key, field, sets=SETS):
+        counts = [results[s].get(key, {}).get(field) for s in sets]
+        if None in counts:  # a row from a run before these counts were kept
+            return "-"
+        hit, n = (sum(c[i] for c in counts) for i in (0, 1))
+        return f"{100 * hit / n:.1f}" if n else "-"
+
+    lines = [f"### {split}: decisions on gold items", "",
+             "| scorer | " + " | ".join(f"decision accuracy, {s}" for s in SETS) + " | decision accuracy, all | "
+             f"gold recall, canopy 0 | gold recall, {ship[1]} |", "|---|" + "---|" * (len(SETS) + 3)]
+    for scorer in dict.fromkeys(k[0] for k in results[SETS[0]]):
+        a1, sh = (scorer, "canopy 0"), (scorer, ship[1])
+        cells = [pct(a1, "preferences", [s]) for s in SETS] + [pct(a1, "preferences"), pct(a1, "gold_leaves"),
+                                                              pct(sh, "gold_leaves")]
+        if set(cells) != {"-"}:
+            mark = " **(shipped)**" if scorer == ship[0] else ""
+            lines.append(f"| {scorer}{mark} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -277,6 +327,12 @@ def main(argv=None) -> int:
              "Δ: paired difference in informative body answer recall against whole items, points.", ""]
     for split in ("validation", "test"):
         lines += table(results[split], chosen, split, ship) + [""]
+    lines += ["Decision accuracy: the share of a gold item's preference nodes (`canopy_ray.core.pairs`) whose every "
+              "preference the scorer's node scores hold, micro over the gold items with a hierarchy, BM25 scaled "
+              "within the question's candidates as refinement scales it; gold recall: gold leaves kept of those "
+              "items (an item left out keeps none). `canopy eval-refinement` counts the same on gold items alone.", ""]
+    for split in ("validation", "test"):
+        lines += decisions(results[split], split, ship) + [""]
     (out / "study.md").write_text("\n".join(lines))
     (out / "study.json").write_text(json.dumps(
         {"chosen": list(chosen), "shipped": list(ship), **{split: {s: list(r.values()) for s, r in results[split].items()}

@@ -62,7 +62,7 @@ def test_matched_methods_replay_a_saved_canopy_run(minilm, tmp_path):
     again = evaluate(cfg, QUESTIONS, CORPUS, methods="random", n=3, out=tmp_path / "b", client=client,
                      encoder=minilm, reference=ref)
     rec = again["runs"]["random"]["records"]
-    # CANOPY was not run again: the only LLM calls are the replay's readers and table classifiers
+    # CANOPY was not run again: the only LLM calls are the replay's readers (tables by the keyword rule)
     assert client.calls == sum(r["llm_calls"] for r in rec) and all("critic" not in r["llm_calls_by_role"] for r in rec)
     assert [r["retrieved"] for r in rec] == [r["retrieved"] for r in first["runs"]["canopy"]["records"]]
     with pytest.raises(ValueError, match="k: 10 != 3"):  # made with other settings: refused

@@ -69,3 +69,27 @@ def test_feedback_reaches_the_second_hop_through_the_best_leaf():
     assert got[gay] > 0 and got[kinsey] == 0
     rec["tuned"][formed] = 5.0  # now a's best leaf is the other one: nothing reaches b
     assert feedback(question, trees, rec, items=1)[gay] == 0
+
+
+def test_gold_stats_counts_the_scorers_preferences_and_the_gold_leaves_the_policy_kept():
+    """Decision accuracy follows the scores alone; gold recall follows what the policy kept, and an
+    item left out keeps none of its gold leaves. Items that are not gold are not counted."""
+    from canopy_ray.core.hierarchy import build_tree
+    from canopy_ray.core.items import Gold, Question, TextItem
+    from canopy_ray.eval.study import gold_stats
+
+    gold_item = TextItem("g", "G", ("The answer is here.", "Filler one.", "Filler two.", "Filler three."))
+    other = TextItem("o", "O", ("Nothing.", "Nothing else."))
+    trees = [build_tree(gold_item), build_tree(other)]
+    q = Question("q", "Where?", ("here",), (Gold("g", (0,)),), ("g", "o"))
+    # leaf 0 over its parent over the root, and the gold half over the other half: every preference holds
+    right = [{(0, 4): 0.1, (0, 2): 0.5, (2, 4): 0.0, (0, 1): 0.9, (1, 2): 0.2, (2, 3): 0.0, (3, 4): 0.0},
+             {(0, 2): 0.0, (0, 1): 0.0, (1, 2): 0.0}]
+    wrong = [{**right[0], (0, 2): 0.05, (1, 2): 0.0}, right[1]]  # the gold half now scores below the root
+
+    [kept_leaf] = gold_stats(q, trees, right, [[(0, 1)], []])
+    assert (kept_leaf.pref_correct, kept_leaf.pref_nodes) == (2, 2)
+    assert (kept_leaf.gold_kept, kept_leaf.gold_leaves) == (1, 1)
+    [dropped] = gold_stats(q, trees, wrong, [[], [(0, 2)]])
+    assert (dropped.pref_correct, dropped.pref_nodes) == (1, 2)
+    assert dropped.gold_kept == 0
