@@ -10,7 +10,8 @@ on the questions :func:`canopy_ray.core.metrics.informative` admits), with paire
 Policies, over the scores ``tuned`` (f_theta), ``f0`` (frozen) or either ``+bm25:w`` (plus w
 times BM25 scaled to [0, 1] within the question); ``tuned+bm25:0.8+prf:w`` adds w times BM25 of
 the question expanded by the best leaf of each of the two best items (pseudo-relevance feedback,
-for the second hop of a multi-hop question); with ``--cross DIR`` also ``cross`` (the
+for the second hop of a multi-hop question); ``tuned+bm25:0.4+len:beta`` adds beta times the log
+of the node's words (:func:`log_words`); with ``--cross DIR`` also ``cross`` (the
 cross-encoder node scorer of :mod:`canopy_ray.train.cross`, a probability) alone, with BM25, and
 added to ``tuned+bm25:0.8``:
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +117,12 @@ def feedback(question: str, trees: list[ItemTree], rec: dict, items: int = 2) ->
     top = sorted(range(len(trees)), key=lambda i: -scores[i][best[i]])[:items]
     return scaled(bm25(" ".join([question] + [node_text(trees[i], best[i]) for i in top]),
                        [node_text(trees[i], tuple(span)) for i, span in rec["nodes"]]))
+
+
+def log_words(trees: list[ItemTree], rec: dict) -> list[float]:
+    """log(words) of every node's text: ``+len:beta`` lets a (longer) parent win more of its
+    comparisons with its children when beta > 0, and fewer when beta < 0."""
+    return [math.log(max(1, len(node_text(trees[i], tuple(span)).split()))) for i, span in rec["nodes"]]
 
 
 def node_scores(rec: dict, scorer: str, n_items: int) -> list[dict[Span, float]]:
@@ -201,7 +209,8 @@ def summary(rows: list[dict], whole: list[dict]) -> dict:
 
 SCORERS = ("f0", "f0+bm25:0.4",
            "tuned", "tuned+bm25:0.2", "tuned+bm25:0.4", "tuned+bm25:0.8", "tuned+bm25:1.2", "tuned+bm25:1.6",
-           "tuned+bm25:0.8+prf:0.2", "tuned+bm25:0.8+prf:0.4", "tuned+bm25:0.8+prf:0.8")
+           "tuned+bm25:0.8+prf:0.2", "tuned+bm25:0.8+prf:0.4", "tuned+bm25:0.8+prf:0.8",
+           "tuned+bm25:0.4+len:-0.04", "tuned+bm25:0.4+len:-0.02", "tuned+bm25:0.4+len:0.02", "tuned+bm25:0.4+len:0.04")
 CROSS = ("cross", "cross+bm25:0.2", "cross+bm25:0.4", "cross+bm25:0.8",
          "tuned+bm25:0.8+cross:0.2", "tuned+bm25:0.8+cross:0.4")
 POLICIES = (["canopy 0", "canopy 0.05"] + [f"{g} 0.05/{d}" for g in ("gate", "gate-leaf") for d in (0.1, 0.2)]
@@ -301,7 +310,8 @@ def main(argv=None) -> int:
             es = load_eval_set(s, d / "questions.jsonl", d / "corpus.jsonl", split=split)
             recs = score_set(es, encoder, work / f"{s}-{split}.json")
             for q, rec in zip(es.questions, recs):
-                rec["prf"] = feedback(q.question, trees_of(q, es.items), rec)
+                trees = trees_of(q, es.items)
+                rec["prf"], rec["len"] = feedback(q.question, trees, rec), log_words(trees, rec)
             if cross is not None:
                 cross_scores(es, recs, cross, work / f"{s}-{split}-cross.json")
             whole = evaluate("whole", "tuned", es, recs, count)

@@ -93,3 +93,19 @@ def test_gold_stats_counts_the_scorers_preferences_and_the_gold_leaves_the_polic
     [dropped] = gold_stats(q, trees, wrong, [[], [(0, 2)]])
     assert (dropped.pref_correct, dropped.pref_nodes) == (1, 2)
     assert dropped.gold_kept == 0
+
+
+def test_a_length_term_favours_the_longer_node_by_its_sign():
+    """``+len:beta``: beta x log(words); a parent outscores its equally scored child when beta > 0."""
+    from canopy_ray.core.hierarchy import build_tree
+    from canopy_ray.core.items import TextItem
+    from canopy_ray.eval.study import log_words
+
+    tree = build_tree(TextItem("a", "T", ("One two three.", "Four five six seven.")))
+    nodes = [[0, list(n.span)] for n in tree.nodes()]
+    rec = {"nodes": nodes, "tuned": [0.5] * len(nodes), "bm25": [0.0] * len(nodes)}
+    rec["len"] = log_words([tree], rec)
+    root, first = rec["nodes"].index([0, [0, 2]]), rec["nodes"].index([0, [0, 1]])
+    assert rec["len"][root] > rec["len"][first] > 0
+    up, down = node_scores(rec, "tuned+len:0.1", 1)[0], node_scores(rec, "tuned+len:-0.1", 1)[0]
+    assert up[(0, 2)] > up[(0, 1)] and down[(0, 2)] < down[(0, 1)]

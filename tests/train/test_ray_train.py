@@ -5,23 +5,8 @@ import json
 import pytest
 
 from canopy_ray.config import load_config
-from tests.train.conftest import train_then_resume
 
 pytestmark = pytest.mark.integration
-
-
-def test_resume_continues_the_step_count(ray_local, tiny_bert_dir, tiny_data_dir, tmp_path):
-    cfg = load_config(None, models={"encoder_path": str(tiny_bert_dir), "max_length": 64},
-                      training={"workers": 1, "batch_size": 4, "epochs": 2, "lr": 1e-3,
-                                "lora_layers": 1, "max_length": 64, "val_instances": 8})
-    # a run started again with the same storage path and name resumes from step 2
-    _, second = train_then_resume(cfg, {"tiny": tiny_data_dir}, tmp_path / "runs", "tiny",
-                                      tmp_path / "adapter", 2, 4)
-    cfg_json = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
-    assert cfg_json["r"] == 8 and cfg_json["lora_alpha"] == 16
-    assert cfg_json["layers_to_transform"] == [1]  # top layer only; the bottom one is cached
-    assert second.val_decision_accuracy is not None
-    assert (tmp_path / "adapter" / "adapter_model.safetensors").stat().st_size > 0
 
 
 def test_gold_validation_keeps_the_best_checkpoint_and_resumes_its_curve(
@@ -31,7 +16,7 @@ def test_gold_validation_keeps_the_best_checkpoint_and_resumes_its_curve(
 
     cfg = load_config(None, models={"encoder_path": str(tiny_bert_dir), "max_length": 64},
                       training={"workers": 1, "batch_size": 4, "epochs": 3, "lr": 1e-3,
-                                "lora_layers": 1, "max_length": 32, "val_instances": 0,
+                                "lora_layers": 1, "max_length": 32, "val_instances": 8,
                                 "val_items": 10, "schedule": "linear", "warmup": 0.2})
     data = {"tiny": tiny_data_dir}
     first = train(cfg, data, tmp_path / "runs", "g", max_steps=2, checkpoint_every=1)
@@ -45,13 +30,16 @@ def test_gold_validation_keeps_the_best_checkpoint_and_resumes_its_curve(
     assert (run_dir / "curve.png").stat().st_size > 0
     second = train(cfg, data, tmp_path / "runs", "g", tmp_path / "adapter", max_steps=3,
                    checkpoint_every=1)
-    assert second.start_step == 2
+    assert second.start_step == 2 and second.val_decision_accuracy is not None
     curve = json.loads((run_dir / "curve.json").read_text())["curve"]
     assert [e["step"] for e in curve] == [0, 1, 2, 3]
     chosen = json.loads((run_dir / "best" / "best.json").read_text())
     assert chosen["step"] == second.best_step
     for f in ADAPTER_FILES:  # the exported adapter is the chosen one, not the last
         assert (tmp_path / "adapter" / f).read_bytes() == (run_dir / "best" / f).read_bytes()
+    cfg_json = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert cfg_json["r"] == 8 and cfg_json["lora_alpha"] == 16
+    assert cfg_json["layers_to_transform"] == [1]  # top layer only; the bottom one is cached
 
 
 def test_patience_stops_a_run_without_better_checkpoints(ray_local, tiny_bert_dir, tiny_data_dir,
