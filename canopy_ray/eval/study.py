@@ -95,14 +95,13 @@ def score_set(eval_set, encoder, path: Path) -> list[dict]:
     return out
 
 
-def cross_scores(eval_set, recs: list[dict], scorer, path: Path) -> None:
+def cross_scores(questions, trees_per_question, recs: list[dict], scorer, path: Path) -> None:
     """Adds the cross-encoder's score of every node to each question's record (cached at ``path``)."""
     if not path.is_file():
         from tqdm import tqdm
 
         out = []
-        for q, rec in zip(tqdm(eval_set.questions, desc=path.stem), recs):
-            trees = trees_of(q, eval_set.items)
+        for q, trees, rec in zip(tqdm(questions, desc=path.stem), trees_per_question, recs):
             out.append(scorer.score(q.question, [node_text(trees[i], tuple(s)) for i, s in rec["nodes"]]).tolist())
         path.write_text(json.dumps(out))
     for rec, s in zip(recs, json.loads(path.read_text()), strict=True):
@@ -178,10 +177,9 @@ def gold_stats(question, trees: list[ItemTree], scores: list[dict[Span, float]],
     return out
 
 
-def evaluate(policy: str, scorer: str, eval_set, recs: list[dict], count) -> list[dict]:
+def evaluate(policy: str, scorer: str, questions, trees_per_question, recs: list[dict], count) -> list[dict]:
     rows = []
-    for q, rec in zip(eval_set.questions, recs):
-        trees = trees_of(q, eval_set.items)
+    for q, trees, rec in zip(questions, trees_per_question, recs):
         scores = node_scores(rec, scorer, len(trees))
         kept = [[t.root.span] for t in trees] if policy == "whole" else apply(policy, trees, scores)
         pieces = [piece(t, k) for t, k in zip(trees, kept) if k]
@@ -309,13 +307,13 @@ def main(argv=None) -> int:
             d = Path(args.data) / s
             es = load_eval_set(s, d / "questions.jsonl", d / "corpus.jsonl", split=split)
             recs = score_set(es, encoder, work / f"{s}-{split}.json")
-            for q, rec in zip(es.questions, recs):
-                trees = trees_of(q, es.items)
-                rec["prf"], rec["len"] = feedback(q.question, trees, rec), log_words(trees, rec)
+            trees = [trees_of(q, es.items) for q in es.questions]  # built once: every policy replays them
+            for q, ts, rec in zip(es.questions, trees, recs):
+                rec["prf"], rec["len"] = feedback(q.question, ts, rec), log_words(ts, rec)
             if cross is not None:
-                cross_scores(es, recs, cross, work / f"{s}-{split}-cross.json")
-            whole = evaluate("whole", "tuned", es, recs, count)
-            res[s] = [{"scorer": sc, "policy": p, **summary(evaluate(p, sc, es, recs, count), whole)}
+                cross_scores(es.questions, trees, recs, cross, work / f"{s}-{split}-cross.json")
+            whole = evaluate("whole", "tuned", es.questions, trees, recs, count)
+            res[s] = [{"scorer": sc, "policy": p, **summary(evaluate(p, sc, es.questions, trees, recs, count), whole)}
                       for sc in SCORERS + (CROSS if cross else ()) for p in POLICIES]
             print(f"{split} {s}: {len(es.questions)} questions", flush=True)
         (work / f"results-{split}.json").write_text(json.dumps(res))
