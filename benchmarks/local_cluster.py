@@ -31,7 +31,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,35 +49,44 @@ def _ephemeral_start() -> int:
         return 32768
 
 
+_HANDED: set[int] = set()  # every port free_ports has returned in this process
+_HANDED_LOCK = threading.Lock()
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free ports of 127.0.0.1 (all held open together, so none repeats), drawn
     between Ray's worker ports (10002-19999) and the kernel's ephemeral range: a port bound
     minutes later (a node's, Serve's HTTP port) is not taken meanwhile as the source port of some
-    process's outgoing connection, as an ephemeral one can be."""
+    process's outgoing connection, as an ephemeral one can be. A port is returned once per
+    process, so nodes started at once never draw the same one."""
     socks, ports = [], []
     candidates = list(range(20000, _ephemeral_start()))
     random.shuffle(candidates)
-    try:
-        for port in candidates:
-            if len(ports) == n:
-                break
-            s = socket.socket()
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
+    with _HANDED_LOCK:
+        try:
+            for port in candidates:
+                if len(ports) == n:
+                    break
+                if port in _HANDED:
+                    continue
+                s = socket.socket()
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    s.close()
+                    continue
+                socks.append(s)
+                ports.append(port)
+            while len(ports) < n:  # no room below the ephemeral range: let the kernel choose
+                s = socket.socket()
+                s.bind(("127.0.0.1", 0))
+                socks.append(s)
+                ports.append(s.getsockname()[1])
+            _HANDED.update(ports)
+            return ports
+        finally:
+            for s in socks:
                 s.close()
-                continue
-            socks.append(s)
-            ports.append(port)
-        while len(ports) < n:  # no room below the ephemeral range: let the kernel choose
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-        return ports
-    finally:
-        for s in socks:
-            s.close()
 
 
 def node_ports() -> dict[str, int]:
@@ -193,9 +204,13 @@ class LocalCluster:
                                  f"--include-dashboard={str(self.dashboard).lower()}",
                                  *([f"--resources={json.dumps(self.head_resources)}"] if self.head_resources else [])],
                         self.head_cpus)
-            for i in range(1, self.n_workers + 1):
-                extra = [f"--resources={json.dumps(self.worker_resources)}"] if self.worker_resources else []
-                self._start(f"worker-{i}", [f"--address={self.address}", *extra], self.worker_cpus)
+            extra = [f"--resources={json.dumps(self.worker_resources)}"] if self.worker_resources else []
+            with ThreadPoolExecutor(self.n_workers or 1) as pool:  # the workers join at once
+                started = [pool.submit(self._start, f"worker-{i}", [f"--address={self.address}", *extra],
+                                       self.worker_cpus) for i in range(1, self.n_workers + 1)]
+                for f in started:
+                    f.result()
+            self.nodes = dict(sorted(self.nodes.items(), key=lambda kv: (kv[0] != "head", kv[0])))
             self.wait_alive(len(self.nodes), 120)
         except BaseException:
             self.close()

@@ -83,6 +83,21 @@ def test_jobs_are_given_absolute_data_paths():
             assert re.search(rf'{flag} "\$SHARED/', cmd), (flag, cmd)
 
 
+def test_a_submitted_job_uploads_what_jobs_run_and_no_results(tmp_path):
+    """``--working-dir .`` as Ray packs it (.gitignore and .rayignore applied): the jobs, the
+    configs, the package and its shipped adapter go; results, tests, docs and benchmarks stay."""
+    import zipfile
+
+    from ray._private.runtime_env.packaging import create_package
+
+    create_package(str(ROOT), tmp_path / "wd.zip", include_gitignore=True)
+    names = set(zipfile.ZipFile(tmp_path / "wd.zip").namelist())
+    for needed in ("jobs/index.py", "jobs/train.py", "configs/cpu.yaml", "canopy_ray/cli.py",
+                   "canopy_ray/assets/adapters/minilm-canopy/adapter_model.safetensors"):
+        assert needed in names, needed
+    assert not [n for n in names if n.split("/")[0] in {"results", "tests", "docs", "benchmarks", ".venv"}]
+
+
 RAY_JOB = json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_0123.zip"}})  # as Ray's job supervisor sets it
 
 
