@@ -687,7 +687,7 @@ def serve_part(work: Path, health_check_s=None, concurrency: int = 4, before_s: 
     timeline = [{"sent": r.sent - kill, "done": r.done - kill, "status": r.status, "reason": r.json_reason}
                 for r in replies]
     return {**tally(replies), "deploy_s": deploy_s, "placement": placement, "placement_after": at["placement_after"],
-            "killed": at["killed"], "dead_s": at["dead_s"], "first_ok_s": at.get("first_ok_s"),
+            "victim": at["victim"], "killed": at["killed"], "dead_s": at["dead_s"], "first_ok_s": at.get("first_ok_s"),
             "full_s": at.get("full_s"), "before": at["before"], "faults": faults,
             "load_s": max(r.done for r in replies) - t0,
             "concurrency": concurrency, "timeline": timeline}
@@ -754,7 +754,8 @@ def serve_table(r: dict) -> list[str]:
     ok_after = [t["done"] - t["sent"] for t in tl if t["status"] == 200 and t["sent"] >= 0]
     failed = ", ".join(f"{k}: {v}" for k, v in r["failed"].items()) or "0"
     return [
-        f"### Serve, worker-1 lost under load (/v1/compress at concurrency {r['concurrency']})", "",
+        f"### Serve, {r.get('victim', 'worker-1')} lost under load (/v1/compress at concurrency {r['concurrency']})",
+        "",
         "| requests | 200 | failed (by status) | hung | failures not JSON with a reason | first success after the "
         "kill (s) | node marked dead (s) | every model deployment back to 2 replicas (s) | p50 / p99 s before "
         "| p50 / p99 s after |", "|---|---|---|---|---|---|---|---|---|---|",
@@ -806,7 +807,7 @@ def plot_serve(r: dict, path: Path) -> Path:
     a1.set_ylabel("requests / s")
     a2.plot(secs, p99, color="#4c72b0", label="p99 latency of that second")
     a2.set_ylabel("seconds")
-    a2.set_xlabel("seconds since worker-1 was SIGKILLed")
+    a2.set_xlabel(f"seconds since {r.get('victim', 'worker-1')} was SIGKILLed")
     for ax in (a1, a2):
         ax.axvline(0, color="k", ls="--", lw=1, label="kill")
         if r["dead_s"] is not None:
