@@ -48,12 +48,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_cluster import LocalCluster  # noqa: E402
+from local_cluster import LocalCluster, free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDER = "MapWorker(MapBatches(SliceEmbedder))"  # the class name Ray Data gives the index job's actors
@@ -242,10 +243,9 @@ def busiest_worker(placed: dict[str, dict[str, int]]) -> str:
     """The worker holding the most model replicas (worker-1 on a tie). Ray's SPREAD is soft: a
     deployment may start with both replicas on one worker, so the node to lose is chosen from
     where the replicas are, and losing it always takes replicas with it."""
-    held: dict[str, int] = {}
+    held = Counter()
     for d in SPREAD:
-        for node, n in placed.get(d, {}).items():
-            held[node] = held.get(node, 0) + n
+        held.update(placed.get(d, {}))
     return max(sorted(held), key=held.__getitem__)
 
 
@@ -392,11 +392,10 @@ async def ramp_load(cluster: LocalCluster, url: str, stages=RAMP, hang_s: float 
 
 def autoscale_part(work: Path, stages=RAMP) -> dict:
     from faults import tally
-    from floor import free_port
 
     work.mkdir(parents=True, exist_ok=True)
     with LocalCluster(workers=2, worker_cpus=2, head_resources={"ingress": 1}) as cluster:
-        port = free_port()
+        port, = free_ports(1)  # not an ephemeral port: Serve binds it later
         url = f"http://127.0.0.1:{port}"
         deploy_s = serve_deploy(cluster, autoscale_yaml(work, port), url)
         replies, changes, samples = asyncio.run(ramp_load(cluster, url, stages))
@@ -671,12 +670,11 @@ def index_part(work: Path, items: int) -> dict:
 
 def serve_part(work: Path, health_check_s=None, concurrency: int = 4, before_s: float = 20) -> dict:
     from faults import faults_seen, tally
-    from floor import free_port
 
     work.mkdir(parents=True, exist_ok=True)
     with LocalCluster(workers=2, worker_cpus=2, head_resources={"ingress": 1},
                       health_check_s=health_check_s) as cluster:
-        port = free_port()
+        port, = free_ports(1)  # not an ephemeral port: Serve binds it later
         url = f"http://127.0.0.1:{port}"
         deploy_s = serve_deploy(cluster, serve_yaml(work, port), url)
         placement = replicas_by_node(cluster)

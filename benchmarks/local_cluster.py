@@ -210,7 +210,6 @@ class LocalCluster:
                                        self.worker_cpus) for i in range(1, self.n_workers + 1)]
                 for f in started:
                     f.result()
-            self.nodes = dict(sorted(self.nodes.items(), key=lambda kv: (kv[0] != "head", kv[0])))
             self.wait_alive(len(self.nodes), 120)
         except BaseException:
             self.close()

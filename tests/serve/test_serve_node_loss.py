@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from cluster import (SERVE, SPREAD, busiest_worker, replicas_by_node, serve_deploy,  # noqa: E402
                      serve_with_node_loss, serve_yaml)
-from floor import free_port  # noqa: E402
-from local_cluster import RAY, LocalCluster  # noqa: E402
+from local_cluster import RAY, LocalCluster, free_ports  # noqa: E402
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which(RAY) is None or shutil.which(SERVE) is None,
@@ -32,7 +31,7 @@ pytestmark = [pytest.mark.integration,
 
 def test_a_worker_node_lost_under_load(tmp_path):
     with LocalCluster(workers=2, worker_cpus=2, head_resources={"ingress": 1}, health_check_s=(1.0, 5)) as cluster:
-        port = free_port()
+        port, = free_ports(1)
         url = f"http://127.0.0.1:{port}"
         serve_deploy(cluster, serve_yaml(tmp_path, port, replicas=2), url, timeout=300)
         before = replicas_by_node(cluster)
