@@ -12,7 +12,8 @@ the parent-child rule decide how far up each chosen leaf's context reaches
 (:func:`canopy_ray.core.refine.hybrid`); it scores every leaf in one batch, then only the parents
 a chosen leaf may rise to (:func:`canopy_ray.core.refine.score_hybrid`). There, and in ``flat``,
 ``refinement.lexical`` adds to each cosine BM25 over all the nodes the mode ranks against
-(:mod:`canopy_ray.core.lexical`).
+(:mod:`canopy_ray.core.lexical`); ``refinement.link`` adds its weight to every node of an item that
+one of the two best items names (by their best leaf, every other term counted).
 
 With ``models.scorer`` a cross-encoder (:mod:`canopy_ray.models.cross`) reads the question and
 each node's text together; ``refinement.cross`` weighs its score, added there too.
@@ -30,7 +31,7 @@ import numpy as np
 from canopy_ray.core.evidence import Piece, TokenCounter, count_words, node_text, piece, render
 from canopy_ray.core.hierarchy import ItemTree, Node, Span, build_tree
 from canopy_ray.core.items import Item
-from canopy_ray.core.lexical import scaled_bm25
+from canopy_ray.core.lexical import named, scaled_bm25
 from canopy_ray.core.refine import Ask, decisions, drive, fates, gate, hybrid, score_hybrid, score_lazily
 
 MODES = ("canopy", "hybrid", "none", "flat")
@@ -178,8 +179,9 @@ class _Scoring:
     """One call's scoring: vectors from the node store, the cache or the encoder, and counts."""
 
     def __init__(self, comp: "Compressor", trees: Sequence[ItemTree], query_vec: np.ndarray, query: str = "",
-                 lexical: float = 0.0, cross: float = 0.0, leaves_only: bool = False):
-        self.comp, self.trees, self.lexical, self.cross = comp, trees, lexical, cross
+                 lexical: float = 0.0, cross: float = 0.0, leaves_only: bool = False, link: float = 0.0):
+        self.comp, self.trees, self.lexical, self.cross, self.link = comp, trees, lexical, cross, link
+        self.named: np.ndarray | None = None  # per item, from the first ask (every ranked leaf)
         self.query = np.asarray(query_vec, np.float32)
         if cross and not query:
             raise ValueError("the cross-encoder's term needs the query's text (CompressOptions.query)")
@@ -239,6 +241,14 @@ class _Scoring:
             cos = cos + np.float32(self.cross) * np.asarray(pairs, np.float32)
         if self.lexical and any(self.bm25):
             cos = cos + np.float32(self.lexical) * np.asarray([self.bm25[i][n.span] for i, n in ask], np.float32)
+        if self.link:
+            if self.named is None:  # the ranking modes ask for every leaf first (single-node items' too)
+                best: list[float | None] = [None] * len(self.trees)
+                for (i, n), v in zip(ask, cos.tolist()):
+                    best[i] = v if best[i] is None else max(best[i], v)
+                self.named = np.asarray(named([t.item.title for t in self.trees],
+                                              [piece(t, [t.root.span]).body for t in self.trees], best), np.float32)
+            cos = cos + np.float32(self.link) * self.named[[i for i, _ in ask]]
         return cos
 
 
@@ -252,8 +262,8 @@ class Compressor:
     same node encoder. The encoder needs ``encode_nodes``, ``token_counts`` and its identity
     (``model_id``, ``adapter_id``); an async caller passes its own encode function instead.
     ``stats`` counts nodes served by the store, by the cache, and encoded (with their tokens).
-    ``margin``, ``mode``, ``share``, ``fallback``, ``lead``, ``gate`` and ``lexical`` are the
-    config's ``refinement`` section (:class:`canopy_ray.config.RefinementConfig`); ``cross``
+    ``margin``, ``mode``, ``share``, ``fallback``, ``lead``, ``gate``, ``lexical`` and ``link`` are
+    the config's ``refinement`` section (:class:`canopy_ray.config.RefinementConfig`); ``cross``
     weighs the cross-encoder's score (``models.scorer``: the encoder's ``score_nodes``, or the
     ``score`` a Serve caller passes) added in the one-ask modes.
     """
@@ -261,9 +271,10 @@ class Compressor:
     def __init__(self, encoder, branching: int = 2, segment_s: float = 30.0, frame_every_s: float = 10.0,
                  max_frames: int = 32, count_tokens: TokenCounter = count_words, node_store=None, cache=None,
                  margin: float = 0.0, mode: str = "canopy", share: float = 0.5, gate: float = math.inf,
-                 lexical: float = 0.0, fallback: float = 0.0, lead: bool = False, cross: float = 0.0):
+                 lexical: float = 0.0, fallback: float = 0.0, lead: bool = False, cross: float = 0.0,
+                 link: float = 0.0):
         self.encoder, self.margin, self.mode, self.share, self.gate = encoder, margin, mode, share, gate
-        self.cross = cross
+        self.cross, self.link = cross, link
         self.lexical, self.fallback, self.lead = lexical, fallback, lead
         self.tree_args = dict(branching=branching, segment_s=segment_s, frame_every_s=frame_every_s,
                               max_frames=max_frames)
@@ -283,7 +294,7 @@ class Compressor:
         h, r = cfg.hierarchy, cfg.refinement
         return cls(encoder, h.branching, h.segment_s, h.frame_every_s, h.max_frames, margin=cfg.margin,
                    mode=r.mode, share=r.share, gate=math.inf if r.gate is None else r.gate, lexical=r.lexical,
-                   fallback=r.fallback, lead=r.lead,
+                   link=r.link, fallback=r.fallback, lead=r.lead,
                    **{"cross": r.cross if hasattr(encoder, "score_nodes") else 0.0} | kw)
 
     def tree(self, item: Item, whole: bool = False, branching: int | None = None) -> ItemTree:
@@ -314,14 +325,16 @@ class Compressor:
         if mode == "flat":
             levels = _score_leaves(roots)
         elif mode == "hybrid":
-            levels = score_hybrid(roots, self.share_of(opts), self.fallback, self.lead)
+            # the link term ranks items by their best leaf, a single-node item's root among them
+            levels = score_hybrid(roots, self.share_of(opts), self.fallback, self.lead, singles=bool(self.link))
         else:
             levels = score_lazily(roots, self.margin_of(opts), lone=self._gate(opts) < math.inf)
         # BM25 and the cross-encoder's term go with the ranking modes; Algorithm 1 scores by cosine
         # alone, as the paper
         ranked = mode != "canopy"
         return _Scoring(self, trees, query_vec, opts.query, self.lexical if ranked else 0.0,
-                        self.cross if ranked else 0.0, leaves_only=mode == "flat"), levels
+                        self.cross if ranked else 0.0, leaves_only=mode == "flat",
+                        link=self.link if ranked else 0.0), levels
 
     def _finish(self, run: _Scoring, scores: list[dict], opts: CompressOptions) -> list[ItemResult]:
         mode, count, t = self.mode_of(opts), self.count_tokens, opts.round

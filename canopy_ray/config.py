@@ -58,11 +58,11 @@ class RefinementConfig(Section):
                             "(calibration.json beside it, written by `canopy calibrate`), 0 without an adapter")
 
     # The shipped refinement, chosen on the validation split (results/study/study.md): the hybrid,
-    # leaves ranked by cosine plus BM25
+    # leaves ranked by cosine plus BM25, the items the best two name raised
     mode: Literal["canopy", "hybrid"] = Field(
         "hybrid", description="canopy: Algorithm 1 per item (the paper); hybrid: the best `share` of all the items' "
                               "leaves ranked together, each raised to its parent while the parent scores >= it")
-    share: float = Field(0.5, gt=0, le=1, description="hybrid: the share of the leaves chosen")
+    share: float = Field(0.4, gt=0, le=1, description="hybrid: the share of the leaves chosen")
     fallback: float = Field(0.0, ge=0, description="hybrid: a chosen node also rises to its parent when the "
                             "parent scores less than this below it (too close to call)")
     lead: bool = Field(False, description="hybrid: an item with a chosen leaf keeps its first leaf too")
@@ -71,6 +71,9 @@ class RefinementConfig(Section):
     lexical: float = Field(0.4, ge=0, description="hybrid (and flat): weight of BM25, scaled to [0, 1] over the "
                            "nodes scored together, added to each node's cosine; 0 = cosine alone (canopy mode "
                            "always scores by cosine alone)")
+    link: float = Field(0.4, ge=0, description="hybrid (and flat): added to every node of an item that one of "
+                        "the two best items names (its title in their text: the second hop of a bridge "
+                        "question; canopy_ray.core.lexical.named); 0 = none")
     cross: float = Field(0.0, ge=0, description="hybrid (and flat): weight of the cross-encoder's score "
                          "(models.scorer, a probability) added to f_theta's; 0 = none")
 

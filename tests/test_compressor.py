@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 from importlib import resources
 
 import pytest
@@ -212,6 +213,35 @@ def test_hybrid_mode_ranks_every_leaf_together_and_leaves_out_unchosen_items(min
     assert out, "a share of 0.3 leaves some of these items out"
     assert all(r.tokens_after == 0 and r.to_dict()["evidence"] == "" for r in out)
     assert {d for r in out for d in r.decisions.values()} == {"dropped"}
+
+
+BRIDGE = json.loads((Path(__file__).parent / "fixtures" / "bridge.json").read_text())
+
+
+@pytest.mark.integration
+def test_the_link_term_raises_the_item_the_best_item_names():
+    """The second hop of a bridge question: the Pittsburgh Penguins' arena sentence ranks low (the
+    question names Chris Summers, not the Penguins), but the best item, Chris Summers's one
+    sentence, names the Penguins; with ``link`` every node of their item scores that much more,
+    and the answer stays at a share that loses it without."""
+    from canopy_ray import load_config
+    from canopy_ray.models.encoder import build_encoder
+
+    enc = build_encoder(load_config().models)  # f_theta, as shipped
+    items = [parse_item(d) for d in BRIDGE["items"]]
+    plain, linked = (Compressor(enc, mode="hybrid", share=0.4, lexical=0.4, link=w).compress(BRIDGE["question"], items)
+                     for w in (0.0, 0.2))
+    titles = [r.tree.item.title for r in plain]
+    for p, k, title in zip(plain, linked, titles):
+        if not p.tree.root.children:  # the one-sentence item: scored only to rank the items by
+            assert title == "Chris Summers (ice hockey)" and not p.scores and list(k.scores) == [(0, 1)]
+            continue
+        added = {round(k.scores[s] - p.scores[s], 5) for s in set(p.scores) & set(k.scores)}
+        assert added == ({0.2} if title == "Pittsburgh Penguins" else {0.0}), (title, added)
+
+    def evidence(results):
+        return " ".join(r.to_dict()["evidence"] for r in results)
+    assert "PPG Paints Arena" in evidence(linked) and "PPG Paints Arena" not in evidence(plain)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,10 @@
-"""Lexical evidence for node scores: BM25 of a query against the nodes scored together.
+"""Lexical evidence for node scores: BM25 of a query against the nodes scored together, and
+which items the best ones name.
 
 A multi-hop question names the entity its second paragraph is about, and a cosine of small
 sentence vectors often misses it; the words do not. Document statistics come from the texts
-scored together (one question's nodes), so no corpus-wide index is needed.
+scored together (one question's nodes), so no corpus-wide index is needed. A bridge question
+often does not name its second paragraph at all; its first paragraph does (:func:`named`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections import Counter
 from typing import Sequence
 
 WORD = re.compile(r"\w+")
+QUALIFIER = re.compile(r"\s*\(.*?\)\s*")  # "Chris Summers (ice hockey)" -> "Chris Summers"
 STOP = frozenset("a an and are as at be by did do does for from had has have he her his how in is it its "
                  "of on or she that the their them they this to was were what when where which who whom "
                  "whose why will with".split())
@@ -48,3 +51,16 @@ def scaled(raw: Sequence[float]) -> list[float]:
 def scaled_bm25(query: str, texts: Sequence[str]) -> list[float]:
     """:func:`bm25` divided by its largest value (all 0 when no text shares a word)."""
     return scaled(bm25(query, texts))
+
+
+def named(titles: Sequence[str], bodies: Sequence[str], best: Sequence[float | None], items: int = 2) -> list[bool]:
+    """Per item: whether one of the ``items`` items with the highest ``best`` score (None: not
+    ranked), other than itself, names it: its title, the qualifier in parentheses aside and of
+    4 characters at least, occurs as whole words in that item's body."""
+    top = sorted((i for i, b in enumerate(best) if b is not None), key=lambda i: -best[i])[:items]
+    out = []
+    for j, title in enumerate(titles):
+        name = QUALIFIER.sub(" ", title or "").strip().lower()
+        pattern = re.compile(rf"\b{re.escape(name)}\b")
+        out.append(len(name) >= 4 and any(pattern.search(bodies[i].lower()) for i in top if i != j))
+    return out

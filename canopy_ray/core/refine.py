@@ -161,15 +161,16 @@ def hybrid(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], share:
     return [raise_by_rule(r, c, sc, fallback) if r.children else [r.span] for r, c, sc in zip(roots, chosen, scores)]
 
 
-def score_hybrid(roots: Sequence[Node], share: float, fallback: float = 0.0,
-                 lead: bool = False) -> Generator[Ask, Sequence[float], list[dict[Span, float]]]:
+def score_hybrid(roots: Sequence[Node], share: float, fallback: float = 0.0, lead: bool = False,
+                 singles: bool = False) -> Generator[Ask, Sequence[float], list[dict[Span, float]]]:
     """The scores :func:`hybrid` reads, asked for level by level like :func:`score_lazily`: every
     leaf of every tree with children (they are ranked together), then the parent of each chosen
     leaf, then the parent of each node that rose, while :func:`raise_by_rule` lets it rise. A tree
     with no chosen leaf, and the nodes above where a leaf stops, are never scored; ``hybrid``
-    over these scores equals ``hybrid`` over every node's."""
+    over these scores equals ``hybrid`` over every node's. ``singles``: the first ask holds every
+    single-node tree's root too (``hybrid`` keeps such a tree whatever it scores; a caller may read it)."""
     scores: list[dict[Span, float]] = [{} for _ in roots]
-    ask = [(i, n) for i, r in enumerate(roots) if r.children for n, _ in r.walk() if n.is_leaf]
+    ask = [(i, n) for i, r in enumerate(roots) if r.children or singles for n, _ in r.walk() if n.is_leaf]
     if not ask:
         return scores
     parent = [{c.span: n for n, _ in r.walk() for c in n.children} for r in roots]

@@ -11,7 +11,9 @@ Policies, over the scores ``tuned`` (f_theta), ``f0`` (frozen) or either ``+bm25
 times BM25 scaled to [0, 1] within the question); ``tuned+bm25:0.8+prf:w`` adds w times BM25 of
 the question expanded by the best leaf of each of the two best items (pseudo-relevance feedback,
 for the second hop of a multi-hop question); ``tuned+bm25:0.4+len:beta`` adds beta times the log
-of the node's words (:func:`log_words`); with ``--cross DIR`` also ``cross`` (the
+of the node's words (:func:`log_words`); ``tuned+bm25:0.4+link:w`` adds w to every node of an item
+that one of the two best items names (``link1``: the best one; :func:`link_terms`, as
+``refinement.link``); with ``--cross DIR`` also ``cross`` (the
 cross-encoder node scorer of :mod:`canopy_ray.train.cross`, a probability) alone, with BM25, and
 added to ``tuned+bm25:0.8``:
 
@@ -45,7 +47,7 @@ import numpy as np
 from canopy_ray.core.evidence import evidence_body, head, node_text, piece, render_evidence
 from canopy_ray.core.hierarchy import ItemTree, Span, build_tree
 from canopy_ray.core.items import TableItem
-from canopy_ray.core.lexical import bm25, scaled
+from canopy_ray.core.lexical import bm25, named, scaled
 from canopy_ray.core.metrics import answer_recall, bootstrap_ci, informative, paired_difference_ci, refinement_stats
 from canopy_ray.core.refine import drive, gate, hybrid, refine, score_lazily, top_leaves
 from canopy_ray.core.table_rules import table_kind
@@ -118,6 +120,25 @@ def feedback(question: str, trees: list[ItemTree], rec: dict, items: int = 2) ->
                        [node_text(trees[i], tuple(span)) for i, span in rec["nodes"]]))
 
 
+def item_texts(trees: list[ItemTree], rec: dict) -> dict:
+    """What :func:`link_terms` reads: the items' titles and bodies, and which nodes are leaves (a
+    single-node item's root is its leaf)."""
+    leaves = [{n.span for n in t.nodes() if n.is_leaf} for t in trees]
+    return {"titles": [t.item.title for t in trees], "bodies": [piece(t, [t.root.span]).body for t in trees],
+            "leaf": [tuple(span) in leaves[i] for i, span in rec["nodes"]]}
+
+
+def link_terms(rec: dict, s: np.ndarray, items: int) -> list[float]:
+    """1 for every node of an item that one of the ``items`` best items (by ``s``, their best leaf)
+    names (:func:`canopy_ray.core.lexical.named`), else 0."""
+    best: list[float | None] = [None] * len(rec["titles"])
+    for (i, _), v, leaf in zip(rec["nodes"], s, rec["leaf"]):
+        if leaf:
+            best[i] = v if best[i] is None else max(best[i], v)
+    hit = named(rec["titles"], rec["bodies"], best, items)
+    return [float(hit[i]) for i, _ in rec["nodes"]]
+
+
 def log_words(trees: list[ItemTree], rec: dict) -> list[float]:
     """log(words) of every node's text: ``+len:beta`` lets a (longer) parent win more of its
     comparisons with its children when beta > 0, and fewer when beta < 0."""
@@ -130,7 +151,11 @@ def node_scores(rec: dict, scorer: str, n_items: int) -> list[dict[Span, float]]
     s = np.asarray(rec[base], float)
     for term in terms:
         name, _, w = term.partition(":")
-        s = s + float(w) * np.asarray(scaled(rec["bm25"]) if name == "bm25" else rec[name], float)
+        if name.startswith("link"):  # the items the best ones (by the terms before it) name
+            term = link_terms(rec, s, int(name[4:] or 2))
+        else:
+            term = scaled(rec["bm25"]) if name == "bm25" else rec[name]
+        s = s + float(w) * np.asarray(term, float)
     out: list[dict[Span, float]] = [{} for _ in range(n_items)]
     for (i, span), v in zip(rec["nodes"], s):
         out[i][tuple(span)] = float(v)
@@ -208,7 +233,8 @@ def summary(rows: list[dict], whole: list[dict]) -> dict:
 SCORERS = ("f0", "f0+bm25:0.4",
            "tuned", "tuned+bm25:0.2", "tuned+bm25:0.4", "tuned+bm25:0.8", "tuned+bm25:1.2", "tuned+bm25:1.6",
            "tuned+bm25:0.8+prf:0.2", "tuned+bm25:0.8+prf:0.4", "tuned+bm25:0.8+prf:0.8",
-           "tuned+bm25:0.4+len:-0.04", "tuned+bm25:0.4+len:-0.02", "tuned+bm25:0.4+len:0.02", "tuned+bm25:0.4+len:0.04")
+           "tuned+bm25:0.4+len:-0.04", "tuned+bm25:0.4+len:-0.02", "tuned+bm25:0.4+len:0.02", "tuned+bm25:0.4+len:0.04",
+           "tuned+bm25:0.4+link1:0.2", "tuned+bm25:0.4+link:0.1", "tuned+bm25:0.4+link:0.2", "tuned+bm25:0.4+link:0.4")
 CROSS = ("cross", "cross+bm25:0.2", "cross+bm25:0.4", "cross+bm25:0.8",
          "tuned+bm25:0.8+cross:0.2", "tuned+bm25:0.8+cross:0.4")
 POLICIES = (["canopy 0", "canopy 0.05"] + [f"{g} 0.05/{d}" for g in ("gate", "gate-leaf") for d in (0.1, 0.2)]
@@ -231,7 +257,8 @@ def shipped(cfg) -> tuple[str, str]:
     r = cfg.refinement
     if r.mode == "canopy":
         return "tuned", f"canopy {cfg.margin:g}"
-    scorer = "tuned" + (f"+bm25:{r.lexical:g}" if r.lexical else "") + (f"+cross:{r.cross:g}" if r.cross else "")
+    scorer = "tuned" + (f"+bm25:{r.lexical:g}" if r.lexical else "") + (f"+cross:{r.cross:g}" if r.cross else "") \
+        + (f"+link:{r.link:g}" if r.link else "")
     return scorer, f"{'lead' if r.lead else 'hybrid'} {r.share:g}" + (f"/{r.fallback:g}" if r.fallback else "")
 
 
@@ -310,6 +337,7 @@ def main(argv=None) -> int:
             trees = [trees_of(q, es.items) for q in es.questions]  # built once: every policy replays them
             for q, ts, rec in zip(es.questions, trees, recs):
                 rec["prf"], rec["len"] = feedback(q.question, ts, rec), log_words(ts, rec)
+                rec.update(item_texts(ts, rec))
             if cross is not None:
                 cross_scores(es.questions, trees, recs, cross, work / f"{s}-{split}-cross.json")
             whole = evaluate("whole", "tuned", es.questions, trees, recs, count)

@@ -65,6 +65,9 @@ def test_score_hybrid_asks_the_leaves_then_only_the_parents_a_chosen_leaf_may_ri
     assert (2, 4) not in scores[0]  # no chosen leaf below it
     assert hybrid([FOUR, TWO], scores, 0.5) == hybrid([FOUR, TWO], [S4, S2], 0.5) == [[(0, 2)], [(1, 2)]]
     assert drive(score_hybrid([LONE], 0.5), score) == [{}]  # a lone leaf is kept unscored
+    asked.clear()  # unless asked to: then in the first ask, and the rest as before
+    assert drive(score_hybrid([LONE, TWO], 0.5, singles=True), score) == [{(0, 1): .6}, {**S2}]
+    assert asked == [[(0, (0, 1)), (1, (0, 1)), (1, (1, 2))], [(1, (0, 2))]]
 
 
 def test_score_hybrid_reads_all_that_hybrid_reads():

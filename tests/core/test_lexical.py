@@ -1,4 +1,4 @@
-from canopy_ray.core.lexical import bm25, scaled_bm25, terms
+from canopy_ray.core.lexical import bm25, named, scaled_bm25, terms
 
 
 def test_terms_drop_stop_words_and_case():
@@ -18,3 +18,17 @@ def test_scaled_bm25_is_in_zero_one_and_all_zero_without_overlap():
     assert max(s) == 1.0 and s[2] == 0.0
     assert scaled_bm25("moon", ["sun", "star"]) == [0.0, 0.0]
     assert scaled_bm25("moon", []) == []
+
+
+def test_named_items_are_those_the_two_best_name_as_whole_words():
+    titles = ["Chris Summers (ice hockey)", "Pittsburgh Penguins", "Penguin", "Lagos", "Iran", "NHL"]
+    bodies = ["Summers plays for the Pittsburgh Penguins of the NHL.", "A team from Pittsburgh.",
+              "Penguins are birds.", "A city of Nigeria.", "Iranian cuisine.", "The league of Chris Summers."]
+    best = [0.9, 0.2, 0.1, 0.8, None, 0.3]
+    # the two best ranked items are 0 and 3: 0 names the Penguins (not "Penguin": whole words); the
+    # NHL is too short a name; "Chris Summers" is named by item 5 only, which is not among the best
+    assert named(titles, bodies, best) == [False, True, False, False, False, False]
+    assert named(titles, bodies, [0.1, 0.2, 0.1, 0.1, None, 0.9]) == [True, False, False, False, False, False]
+    assert named(titles, bodies, best, items=1) == [False, True, False, False, False, False]
+    assert named(["Lagos"], ["Lagos is a city."], [0.5]) == [False]  # never by itself
+    assert named(titles, bodies, [None] * 6) == [False] * 6

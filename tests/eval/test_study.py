@@ -22,9 +22,9 @@ def test_the_shipped_config_is_named_as_the_study_names_policies():
     from canopy_ray.eval.study import POLICIES, SCORERS, shipped
 
     scorer, policy = shipped(load_config())
-    assert (scorer, policy) == ("tuned+bm25:0.4", "hybrid 0.5")
+    assert (scorer, policy) == ("tuned+bm25:0.4+link:0.4", "hybrid 0.4")
     assert scorer in SCORERS and policy in POLICIES
-    cfg = load_config(None, refinement={"mode": "hybrid", "share": 0.5, "lead": False, "lexical": 0.8, "cross": 0.4},
+    cfg = load_config(None, refinement={"mode": "hybrid", "share": 0.5, "lead": False, "lexical": 0.8, "cross": 0.4, "link": 0},
                       models={"scorer": "somewhere"})
     assert shipped(cfg) == ("tuned+bm25:0.8+cross:0.4", "hybrid 0.5")
 
