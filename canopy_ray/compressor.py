@@ -31,7 +31,7 @@ import numpy as np
 from canopy_ray.core.evidence import Piece, TokenCounter, count_words, node_text, piece, render
 from canopy_ray.core.hierarchy import ItemTree, Node, Span, build_tree
 from canopy_ray.core.items import Item
-from canopy_ray.core.lexical import named, scaled_bm25
+from canopy_ray.core.lexical import best_of, named, scaled_bm25
 from canopy_ray.core.refine import Ask, decisions, drive, fates, gate, hybrid, score_hybrid, score_lazily
 
 MODES = ("canopy", "hybrid", "none", "flat")
@@ -243,9 +243,7 @@ class _Scoring:
             cos = cos + np.float32(self.lexical) * np.asarray([self.bm25[i][n.span] for i, n in ask], np.float32)
         if self.link:
             if self.named is None:  # the ranking modes ask for every leaf first (single-node items' too)
-                best: list[float | None] = [None] * len(self.trees)
-                for (i, n), v in zip(ask, cos.tolist()):
-                    best[i] = v if best[i] is None else max(best[i], v)
+                best = best_of(len(self.trees), ((i, v) for (i, _), v in zip(ask, cos.tolist())))
                 self.named = np.asarray(named([t.item.title for t in self.trees],
                                               [piece(t, [t.root.span]).body for t in self.trees], best), np.float32)
             cos = cos + np.float32(self.link) * self.named[[i for i, _ in ask]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from typing import Sequence
+from typing import Iterable, Sequence
 
 WORD = re.compile(r"\w+")
 QUALIFIER = re.compile(r"\s*\(.*?\)\s*")  # "Chris Summers (ice hockey)" -> "Chris Summers"
@@ -58,9 +58,19 @@ def named(titles: Sequence[str], bodies: Sequence[str], best: Sequence[float | N
     ranked), other than itself, names it: its title, the qualifier in parentheses aside and of
     4 characters at least, occurs as whole words in that item's body."""
     top = sorted((i for i, b in enumerate(best) if b is not None), key=lambda i: -best[i])[:items]
+    texts = {i: bodies[i].lower() for i in top}
     out = []
     for j, title in enumerate(titles):
         name = QUALIFIER.sub(" ", title or "").strip().lower()
         pattern = re.compile(rf"\b{re.escape(name)}\b")
-        out.append(len(name) >= 4 and any(pattern.search(bodies[i].lower()) for i in top if i != j))
+        out.append(len(name) >= 4 and any(pattern.search(text) for i, text in texts.items() if i != j))
     return out
+
+
+def best_of(n: int, scored: Iterable[tuple[int, float]]) -> list[float | None]:
+    """Each of ``n`` items' highest score among ``(item, score)`` pairs (None: none given), the
+    ``best`` that :func:`named` ranks items by."""
+    best: list[float | None] = [None] * n
+    for i, v in scored:
+        best[i] = v if best[i] is None else max(best[i], v)
+    return best

@@ -47,7 +47,7 @@ import numpy as np
 from canopy_ray.core.evidence import evidence_body, head, node_text, piece, render_evidence
 from canopy_ray.core.hierarchy import ItemTree, Span, build_tree
 from canopy_ray.core.items import TableItem
-from canopy_ray.core.lexical import bm25, named, scaled
+from canopy_ray.core.lexical import best_of, bm25, named, scaled
 from canopy_ray.core.metrics import answer_recall, bootstrap_ci, informative, paired_difference_ci, refinement_stats
 from canopy_ray.core.refine import drive, gate, hybrid, refine, score_lazily, top_leaves
 from canopy_ray.core.table_rules import table_kind
@@ -131,10 +131,7 @@ def item_texts(trees: list[ItemTree], rec: dict) -> dict:
 def link_terms(rec: dict, s: np.ndarray, items: int) -> list[float]:
     """1 for every node of an item that one of the ``items`` best items (by ``s``, their best leaf)
     names (:func:`canopy_ray.core.lexical.named`), else 0."""
-    best: list[float | None] = [None] * len(rec["titles"])
-    for (i, _), v, leaf in zip(rec["nodes"], s, rec["leaf"]):
-        if leaf:
-            best[i] = v if best[i] is None else max(best[i], v)
+    best = best_of(len(rec["titles"]), ((i, v) for (i, _), v, leaf in zip(rec["nodes"], s, rec["leaf"]) if leaf))
     hit = named(rec["titles"], rec["bodies"], best, items)
     return [float(hit[i]) for i, _ in rec["nodes"]]
 
