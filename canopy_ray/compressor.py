@@ -10,7 +10,8 @@ bounded vector cache (any node seen before), else from the node encoder.
 The ``hybrid`` refinement mode (``refinement.mode``) ranks all the items' leaves together and lets
 the parent-child rule decide how far up each chosen leaf's context reaches
 (:func:`canopy_ray.core.refine.hybrid`); it scores every leaf in one batch, then only the parents
-a chosen leaf may rise to (:func:`canopy_ray.core.refine.score_hybrid`). There, and in ``flat``,
+a chosen leaf may rise to (:func:`canopy_ray.core.refine.score_hybrid`); ``refinement.cutoff``
+keeps, of the chosen share, only the leaves within it of the best. There, and in ``flat``,
 ``refinement.lexical`` adds to each cosine BM25 over all the nodes the mode ranks against
 (:mod:`canopy_ray.core.lexical`); ``refinement.link`` adds its weight to every node of an item that
 one of the two best items names (by their best leaf, every other term counted).
@@ -260,7 +261,7 @@ class Compressor:
     same node encoder. The encoder needs ``encode_nodes``, ``token_counts`` and its identity
     (``model_id``, ``adapter_id``); an async caller passes its own encode function instead.
     ``stats`` counts nodes served by the store, by the cache, and encoded (with their tokens).
-    ``margin``, ``mode``, ``share``, ``fallback``, ``lead``, ``gate``, ``lexical`` and ``link`` are
+    ``margin``, ``mode``, ``share``, ``fallback``, ``lead``, ``cutoff``, ``gate``, ``lexical`` and ``link`` are
     the config's ``refinement`` section (:class:`canopy_ray.config.RefinementConfig`); ``cross``
     weighs the cross-encoder's score (``models.scorer``: the encoder's ``score_nodes``, or the
     ``score`` a Serve caller passes) added in the one-ask modes.
@@ -270,9 +271,9 @@ class Compressor:
                  max_frames: int = 32, count_tokens: TokenCounter = count_words, node_store=None, cache=None,
                  margin: float = 0.0, mode: str = "canopy", share: float = 0.5, gate: float = math.inf,
                  lexical: float = 0.0, fallback: float = 0.0, lead: bool = False, cross: float = 0.0,
-                 link: float = 0.0):
+                 link: float = 0.0, cutoff: float | None = None):
         self.encoder, self.margin, self.mode, self.share, self.gate = encoder, margin, mode, share, gate
-        self.cross, self.link = cross, link
+        self.cross, self.link, self.cutoff = cross, link, cutoff
         self.lexical, self.fallback, self.lead = lexical, fallback, lead
         self.tree_args = dict(branching=branching, segment_s=segment_s, frame_every_s=frame_every_s,
                               max_frames=max_frames)
@@ -292,7 +293,7 @@ class Compressor:
         h, r = cfg.hierarchy, cfg.refinement
         return cls(encoder, h.branching, h.segment_s, h.frame_every_s, h.max_frames, margin=cfg.margin,
                    mode=r.mode, share=r.share, gate=math.inf if r.gate is None else r.gate, lexical=r.lexical,
-                   link=r.link, fallback=r.fallback, lead=r.lead,
+                   link=r.link, fallback=r.fallback, lead=r.lead, cutoff=r.cutoff,
                    **{"cross": r.cross if hasattr(encoder, "score_nodes") else 0.0} | kw)
 
     def tree(self, item: Item, whole: bool = False, branching: int | None = None) -> ItemTree:
@@ -324,7 +325,8 @@ class Compressor:
             levels = _score_leaves(roots)
         elif mode == "hybrid":
             # the link term ranks items by their best leaf, a single-node item's root among them
-            levels = score_hybrid(roots, self.share_of(opts), self.fallback, self.lead, singles=bool(self.link))
+            levels = score_hybrid(roots, self.share_of(opts), self.fallback, self.lead, singles=bool(self.link),
+                                  cutoff=self.cutoff)
         else:
             levels = score_lazily(roots, self.margin_of(opts), lone=self._gate(opts) < math.inf)
         # BM25 and the cross-encoder's term go with the ranking modes; Algorithm 1 scores by cosine
@@ -339,7 +341,8 @@ class Compressor:
         if mode == "flat":
             results = [flat(tr, sc, opts.flat_m, count, t) for tr, sc in zip(run.trees, scores)]
         elif mode == "hybrid":
-            kept = hybrid([tr.root for tr in run.trees], scores, self.share_of(opts), self.fallback, self.lead)
+            kept = hybrid([tr.root for tr in run.trees], scores, self.share_of(opts), self.fallback, self.lead,
+                          self.cutoff)
             results = [chosen(tr, sc, k, count, t) for tr, sc, k in zip(run.trees, scores, kept)]
         else:
             results = [refined(tr, sc, count, t, self.margin_of(opts)) for tr, sc in zip(run.trees, scores)]

@@ -58,7 +58,7 @@ class RefinementConfig(Section):
                             "(calibration.json beside it, written by `canopy calibrate`), 0 without an adapter")
 
     # The shipped refinement, chosen on the validation split (results/study/study.md): the hybrid,
-    # leaves ranked by cosine plus BM25, the items the best two name raised
+    # leaves ranked by cosine plus BM25, the items the best two name raised, a cutoff below the best leaf
     mode: Literal["canopy", "hybrid"] = Field(
         "hybrid", description="canopy: Algorithm 1 per item (the paper); hybrid: the best `share` of all the items' "
                               "leaves ranked together, each raised to its parent while the parent scores >= it")
@@ -66,12 +66,14 @@ class RefinementConfig(Section):
     fallback: float = Field(0.0, ge=0, description="hybrid: a chosen node also rises to its parent when the "
                             "parent scores less than this below it (too close to call)")
     lead: bool = Field(False, description="hybrid: an item with a chosen leaf keeps its first leaf too")
+    cutoff: float | None = Field(0.8, ge=0, description="hybrid: of the chosen share, only the leaves scoring "
+                                 "within this of the question's best leaf (None: the whole share)")
     gate: float | None = Field(None, ge=0, description="canopy: leave out an item whose best visited node scores "
                                "more than this below the best item's (None: every item stays)")
     lexical: float = Field(0.4, ge=0, description="hybrid (and flat): weight of BM25, scaled to [0, 1] over the "
                            "nodes scored together, added to each node's cosine; 0 = cosine alone (canopy mode "
                            "always scores by cosine alone)")
-    link: float = Field(0.4, ge=0, description="hybrid (and flat): added to every node of an item that one of "
+    link: float = Field(0.2, ge=0, description="hybrid (and flat): added to every node of an item that one of "
                         "the two best items names (its title in their text: the second hop of a bridge "
                         "question; canopy_ray.core.lexical.named); 0 = none")
     cross: float = Field(0.0, ge=0, description="hybrid (and flat): weight of the cross-encoder's score "

@@ -244,6 +244,22 @@ def test_the_link_term_raises_the_item_the_best_item_names():
     assert "PPG Paints Arena" in evidence(linked) and "PPG Paints Arena" not in evidence(plain)
 
 
+def test_the_configs_cutoff_reaches_the_hybrid(minilm):
+    """``refinement.cutoff``: of the chosen share, only leaves within it of the best leaf; at 0
+    only the best leaf's item keeps anything (a tree without children is kept whatever it scores)."""
+    from canopy_ray import load_config
+    from canopy_ray.core.refine import hybrid
+
+    items = [parse_item(json.loads(line)) for line in SAMPLE.read_text().splitlines()[:4]]
+    tight, loose = (Compressor.from_config(load_config(None, refinement={"cutoff": c}), minilm).compress(QUESTION, items)
+                    for c in (0.0, None))
+    split = [bool(r.tree.root.children) for r in tight]
+    assert sum(bool(r.kept) for r, s in zip(tight, split) if s) == 1
+    assert sum(bool(r.kept) for r, s in zip(loose, split) if s) > 1
+    share = load_config().refinement.share
+    assert [r.kept for r in tight] == hybrid([r.tree.root for r in tight], [r.scores for r in tight], share, cutoff=0.0)
+
+
 @pytest.fixture(scope="module")
 def cross_scored(minilm):
     from canopy_ray.models.cross import CrossScored, CrossScorer

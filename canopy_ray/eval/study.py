@@ -25,7 +25,10 @@ added to ``tuned+bm25:0.8``:
   scores at least as high (or less than e below: its uncertainty fallback), so the parent-child
   rule decides the stopping depth (:func:`canopy_ray.core.refine.hybrid`); ``lead r``: the same,
   and an item with a chosen leaf keeps its first one too;
-- ``flat r``: the same top r share of leaves, not raised (flat selection at that budget).
+- ``flat r``: the same top r share of leaves, not raised (flat selection at that budget);
+- ``cut d`` (``cut d/r``): the leaves scoring within d of the question's best leaf (among the top r
+  share), raised as the hybrid's: a budget that follows how clearly the question's best evidence
+  stands out instead of a fixed share (``refinement.cutoff``).
 
 A second table gives each scorer's decision accuracy and gold recall on the questions' gold
 items (:func:`gold_stats`). Tables follow the rules classifier (aggregation tables whole), as
@@ -179,6 +182,9 @@ def apply(policy: str, trees: list[ItemTree], scores: list[dict[Span, float]]) -
     if name in ("hybrid", "lead"):  # "hybrid share" or "hybrid share/fallback"
         share, _, fb = arg.partition("/")
         return hybrid([t.root for t in trees], scores, float(share), float(fb or 0), lead=name == "lead")
+    if name == "cut":  # "cut d" or "cut d/share"
+        d, _, share = arg.partition("/")
+        return hybrid([t.root for t in trees], scores, float(share or 1), cutoff=float(d))
     if name == "flat":  # the same leaves as the hybrid chooses, not raised
         chosen = top_leaves([t.root for t in trees], scores, float(arg))
         return [sorted(c) if t.root.children else [t.root.span] for t, c in zip(trees, chosen)]
@@ -236,7 +242,8 @@ CROSS = ("cross", "cross+bm25:0.2", "cross+bm25:0.4", "cross+bm25:0.8",
          "tuned+bm25:0.8+cross:0.2", "tuned+bm25:0.8+cross:0.4")
 POLICIES = (["canopy 0", "canopy 0.05"] + [f"{g} 0.05/{d}" for g in ("gate", "gate-leaf") for d in (0.1, 0.2)]
             + [f"{p} {r}" for p in ("hybrid", "lead", "flat") for r in (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6)]
-            + ["hybrid 0.4/0.02", "hybrid 0.5/0.02", "lead 0.4/0.02", "lead 0.5/0.02"])
+            + ["hybrid 0.4/0.02", "hybrid 0.5/0.02", "lead 0.4/0.02", "lead 0.5/0.02"]
+            + [f"cut {d}" for d in (0.4, 0.5, 0.6)] + [f"cut {d}/0.4" for d in (0.8, 0.9, 1)])
 # Within these of passing items whole (informative body answer recall, points): the issue's bar
 TOLERANCE = {"hotpotqa": 0.02, "nq": 0.02, "tatqa": 0.01}
 
@@ -256,6 +263,8 @@ def shipped(cfg) -> tuple[str, str]:
         return "tuned", f"canopy {cfg.margin:g}"
     scorer = "tuned" + (f"+bm25:{r.lexical:g}" if r.lexical else "") + (f"+cross:{r.cross:g}" if r.cross else "") \
         + (f"+link:{r.link:g}" if r.link else "")
+    if r.cutoff is not None:
+        return scorer, f"cut {r.cutoff:g}/{r.share:g}"
     return scorer, f"{'lead' if r.lead else 'hybrid'} {r.share:g}" + (f"/{r.fallback:g}" if r.fallback else "")
 
 

@@ -32,6 +32,14 @@ def test_hybrid_ranks_the_leaves_of_all_trees_together():
     assert hybrid([FOUR, TWO], [S4, S2], 1.0) == [[(0, 4)], [(0, 2)]]  # every leaf: all rise to the roots
 
 
+def test_a_cutoff_drops_chosen_leaves_too_far_below_the_best():
+    # of the best half (.6, .45, .4), within .18 of .6: .45 only; within .1: .6 alone
+    assert hybrid([FOUR, TWO], [S4, S2], 0.5, cutoff=0.18) == [[(0, 1)], [(1, 2)]]
+    assert hybrid([FOUR, TWO], [S4, S2], 0.5, cutoff=0.1) == [[(0, 1)], []]
+    assert hybrid([FOUR, TWO], [S4, S2], 0.5, cutoff=0.2) == hybrid([FOUR, TWO], [S4, S2], 0.5)  # .4 is within
+    assert hybrid([FOUR, TWO], [S4, S2], 1.0, cutoff=0.25) == hybrid([FOUR, TWO], [S4, S2], 0.5)  # a cut, not a share
+
+
 def test_hybrid_keeps_a_single_node_tree_and_rejects_a_bad_share():
     assert hybrid([LONE, TWO], [{(0, 1): -1.0}, S2], 0.1) == [[(0, 1)], [(1, 2)]]
     for share in (0, 1.5, -0.2):
@@ -76,15 +84,16 @@ def test_score_hybrid_reads_all_that_hybrid_reads():
         roots = [balanced_tree(rng.randint(1, 11), rng.choice((2, 3))) for _ in range(rng.randint(1, 4))]
         full = [{n.span: round(rng.random(), 1) for n, _ in r.walk()} for r in roots]
         share, fallback, lead = rng.choice((0.2, 0.45, 1.0)), rng.choice((0.0, 0.1)), rng.random() < 0.5
+        cutoff = rng.choice((None, 0.3))
         asked = []
 
         def score(ask):
             asked.extend((i, n.span) for i, n in ask)
             return [full[i][n.span] for i, n in ask]
 
-        lazy = drive(score_hybrid(roots, share, fallback, lead), score)
+        lazy = drive(score_hybrid(roots, share, fallback, lead, cutoff=cutoff), score)
         assert len(asked) == len(set(asked))  # each node scored once
-        assert hybrid(roots, lazy, share, fallback, lead) == hybrid(roots, full, share, fallback, lead)
+        assert hybrid(roots, lazy, share, fallback, lead, cutoff) == hybrid(roots, full, share, fallback, lead, cutoff)
 
 
 def test_score_lazily_scores_a_lone_leaf_only_when_asked_to():

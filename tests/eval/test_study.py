@@ -22,9 +22,10 @@ def test_the_shipped_config_is_named_as_the_study_names_policies():
     from canopy_ray.eval.study import POLICIES, SCORERS, shipped
 
     scorer, policy = shipped(load_config())
-    assert (scorer, policy) == ("tuned+bm25:0.4+link:0.4", "hybrid 0.4")
+    assert (scorer, policy) == ("tuned+bm25:0.4+link:0.2", "cut 0.8/0.4")
     assert scorer in SCORERS and policy in POLICIES
-    cfg = load_config(None, refinement={"mode": "hybrid", "share": 0.5, "lead": False, "lexical": 0.8, "cross": 0.4, "link": 0},
+    cfg = load_config(None, refinement={"mode": "hybrid", "share": 0.5, "lead": False, "lexical": 0.8, "cross": 0.4,
+                                        "link": 0, "cutoff": None},
                       models={"scorer": "somewhere"})
     assert shipped(cfg) == ("tuned+bm25:0.8+cross:0.4", "hybrid 0.5")
 
@@ -109,3 +110,21 @@ def test_a_length_term_favours_the_longer_node_by_its_sign():
     assert rec["len"][root] > rec["len"][first] > 0
     up, down = node_scores(rec, "tuned+len:0.1", 1)[0], node_scores(rec, "tuned+len:-0.1", 1)[0]
     assert up[(0, 2)] > up[(0, 1)] and down[(0, 2)] < down[(0, 1)]
+
+
+def test_cut_keeps_the_leaves_within_d_of_the_best_and_raises_them_by_the_rule():
+    """``cut d``: every leaf within d of the question's best, whichever item holds it; ``cut d/r``:
+    only among the top r share; a chosen leaf rises to a parent that scores at least as high."""
+    from canopy_ray.core.hierarchy import build_tree
+    from canopy_ray.core.items import TextItem
+    from canopy_ray.eval.study import apply
+
+    trees = [build_tree(TextItem("a", "A", ("One.", "Two.", "Three.", "Four."))),
+             build_tree(TextItem("b", "B", ("Five.", "Six.")))]
+    scores = [{(0, 4): 0.0, (0, 2): 0.95, (2, 4): 0.0, (0, 1): 0.9, (1, 2): 0.3, (2, 3): 0.1, (3, 4): 0.0},
+              {(0, 2): 0.0, (0, 1): 0.75, (1, 2): 0.2}]
+    assert apply("cut 0.2", trees, scores) == [[(0, 2)], [(0, 1)]]  # 0.9 rose to its parent (0.95)
+    assert apply("cut 0.1", trees, scores) == [[(0, 2)], []]  # 0.75 is 0.15 below the best: b left out
+    # leaves >= 0.1: a's third stays a leaf (its parent scores 0.0), b keeps both of its own
+    assert apply("cut 0.85", trees, scores) == [[(0, 2), (2, 3)], [(0, 1), (1, 2)]]
+    assert apply("cut 0.85/0.5", trees, scores) == [[(0, 2)], [(0, 1)]]  # the best 3 of 6 leaves only

@@ -47,7 +47,7 @@ def test_compress_explain_agrees_with_the_hybrid(url):
     # rise to; the rule over those scores is the forest
     assert all((i, i + 1) in sc for t, sc in zip(trees, scores) for i in range(*t.span))
     assert sum(map(len, scores)) < sum(len(list(t.walk())) for t in trees)
-    kept = hybrid(trees, scores, ref.share, ref.fallback, ref.lead)
+    kept = hybrid(trees, scores, ref.share, ref.fallback, ref.lead, ref.cutoff)
     assert [[list(s) for s in k] for k in kept] == [item["kept"] for item in body["items"]]
     assert "1889" in body["items"][0]["evidence"]
 

@@ -53,5 +53,6 @@ def test_served_scores_add_the_cross_encoders_and_the_hybrid_runs_on_them(cross_
     scored = [k for k, key in enumerate(nodes) if key in got]
     np.testing.assert_allclose([got[nodes[k]] for k in scored], want[scored], atol=1e-4)
     scores = [{s: got[(i, s)] for i2, s in nodes if i2 == i and (i, s) in got} for i in range(len(trees))]
-    kept = hybrid([t.root for t in trees], scores, cfg.refinement.share, cfg.refinement.fallback, cfg.refinement.lead)
+    r = cfg.refinement
+    kept = hybrid([t.root for t in trees], scores, r.share, r.fallback, r.lead, r.cutoff)
     assert [[list(s) for s in k] for k in kept] == [item["kept"] for item in body["items"]]
