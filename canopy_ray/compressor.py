@@ -245,8 +245,9 @@ class _Scoring:
         if self.link:
             if self.named is None:  # the ranking modes ask for every leaf first (single-node items' too)
                 best = best_of(len(self.trees), ((i, v) for (i, _), v in zip(ask, cos.tolist())))
-                self.named = np.asarray(named([t.item.title for t in self.trees],
-                                              [piece(t, [t.root.span]).body for t in self.trees], best), np.float32)
+                self.named = np.asarray(named([t.item.title for t in self.trees],  # the best items' bodies only
+                                              lambda i: piece(self.trees[i], [self.trees[i].root.span]).body, best),
+                                        np.float32)
             cos = cos + np.float32(self.link) * self.named[[i for i, _ in ask]]
         return cos
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 WORD = re.compile(r"\w+")
 QUALIFIER = re.compile(r"\s*\(.*?\)\s*")  # "Chris Summers (ice hockey)" -> "Chris Summers"
@@ -53,12 +53,14 @@ def scaled_bm25(query: str, texts: Sequence[str]) -> list[float]:
     return scaled(bm25(query, texts))
 
 
-def named(titles: Sequence[str], bodies: Sequence[str], best: Sequence[float | None], items: int = 2) -> list[bool]:
+def named(titles: Sequence[str], body: Callable[[int], str], best: Sequence[float | None],
+          items: int = 2) -> list[bool]:
     """Per item: whether one of the ``items`` items with the highest ``best`` score (None: not
     ranked), other than itself, names it: its title, the qualifier in parentheses aside and of
-    4 characters at least, occurs as whole words in that item's body."""
+    4 characters at least, occurs as whole words in that item's body (``body(i)``, asked of
+    those best items only)."""
     top = sorted((i for i, b in enumerate(best) if b is not None), key=lambda i: -best[i])[:items]
-    texts = {i: bodies[i].lower() for i in top}
+    texts = {i: body(i).lower() for i in top}
     out = []
     for j, title in enumerate(titles):
         name = QUALIFIER.sub(" ", title or "").strip().lower()

@@ -135,7 +135,7 @@ def link_terms(rec: dict, s: np.ndarray, items: int) -> list[float]:
     """1 for every node of an item that one of the ``items`` best items (by ``s``, their best leaf)
     names (:func:`canopy_ray.core.lexical.named`), else 0."""
     best = best_of(len(rec["titles"]), ((i, v) for (i, _), v, leaf in zip(rec["nodes"], s, rec["leaf"]) if leaf))
-    hit = named(rec["titles"], rec["bodies"], best, items)
+    hit = named(rec["titles"], rec["bodies"].__getitem__, best, items)
     return [float(hit[i]) for i, _ in rec["nodes"]]
 
 

@@ -27,8 +27,8 @@ def test_named_items_are_those_the_two_best_name_as_whole_words():
     best = [0.9, 0.2, 0.1, 0.8, None, 0.3]
     # the two best ranked items are 0 and 3: 0 names the Penguins (not "Penguin": whole words); the
     # NHL is too short a name; "Chris Summers" is named by item 5 only, which is not among the best
-    assert named(titles, bodies, best) == [False, True, False, False, False, False]
-    assert named(titles, bodies, [0.1, 0.2, 0.1, 0.1, None, 0.9]) == [True, False, False, False, False, False]
-    assert named(titles, bodies, best, items=1) == [False, True, False, False, False, False]
-    assert named(["Lagos"], ["Lagos is a city."], [0.5]) == [False]  # never by itself
-    assert named(titles, bodies, [None] * 6) == [False] * 6
+    assert named(titles, bodies.__getitem__, best) == [False, True, False, False, False, False]
+    assert named(titles, bodies.__getitem__, [0.1, 0.2, 0.1, 0.1, None, 0.9]) == [True, False, False, False, False, False]
+    assert named(titles, bodies.__getitem__, best, items=1) == [False, True, False, False, False, False]
+    assert named(["Lagos"], ["Lagos is a city."].__getitem__, [0.5]) == [False]  # never by itself
+    assert named(titles, bodies.__getitem__, [None] * 6) == [False] * 6
