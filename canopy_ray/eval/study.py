@@ -263,9 +263,11 @@ def shipped(cfg) -> tuple[str, str]:
         return "tuned", f"canopy {cfg.margin:g}"
     scorer = "tuned" + (f"+bm25:{r.lexical:g}" if r.lexical else "") + (f"+cross:{r.cross:g}" if r.cross else "") \
         + (f"+link:{r.link:g}" if r.link else "")
-    if r.cutoff is not None:
-        return scorer, f"cut {r.cutoff:g}/{r.share:g}"
-    return scorer, f"{'lead' if r.lead else 'hybrid'} {r.share:g}" + (f"/{r.fallback:g}" if r.fallback else "")
+    policy = f"{'lead' if r.lead else 'hybrid'} {r.share:g}" + (f"/{r.fallback:g}" if r.fallback else "")
+    if r.cutoff is None:
+        return scorer, policy
+    # the study's cut policies are the plain hybrid's; with lead or a fallback the name matches none
+    return scorer, f"cut {r.cutoff:g}/{r.share:g}" if policy == f"hybrid {r.share:g}" else f"{policy} cut {r.cutoff:g}"
 
 
 def table(results: dict, chosen: tuple[str, str], split: str, ship: tuple[str, str] | None = None) -> list[str]:

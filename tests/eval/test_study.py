@@ -28,6 +28,9 @@ def test_the_shipped_config_is_named_as_the_study_names_policies():
                                         "link": 0, "cutoff": None},
                       models={"scorer": "somewhere"})
     assert shipped(cfg) == ("tuned+bm25:0.8+cross:0.4", "hybrid 0.5")
+    # a cutoff with lead is no policy the study runs: no row of the table is marked shipped
+    lead = cfg.override(refinement={"lead": True, "cutoff": 0.8})
+    assert shipped(lead)[1] == "lead 0.5 cut 0.8" and shipped(lead)[1] not in POLICIES
 
 
 def test_adapter_names_the_f_theta_that_scores(tmp_path, monkeypatch):
