@@ -101,10 +101,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 def setting(spec: dict) -> str:
     """A run's setting, with its refinement when not the paper's Algorithm 1 at margin 0 (the
-    hybrid and its share, or a margin): different operating points, never one table."""
+    hybrid, its share and cutoff, or a margin): different operating points, never one table."""
     r = spec.get("refinement") or {}
     if r.get("mode") == "hybrid":
-        return f"{spec['setting']} setting, hybrid {r['share']:g}"
+        cut = f", cutoff {r['cutoff']:g}" if r.get("cutoff") is not None else ""
+        return f"{spec['setting']} setting, hybrid {r['share']:g}{cut}"
     m = spec.get("margin") or 0
     return f"{spec['setting']} setting" + (f", margin {m:g}" if m else "")
 
@@ -292,7 +293,8 @@ def _pareto_sets(runs: list[dict]) -> dict[tuple, dict]:
 
 
 def _slug(label: str) -> str:
-    return label.replace(" setting", "").replace(", margin ", "_margin").replace(", hybrid ", "_hybrid")
+    return label.replace(" setting", "").replace(", margin ", "_margin").replace(", hybrid ", "_hybrid") \
+        .replace(", cutoff ", "_cutoff")
 
 
 def _ratio(a: dict, b: dict, m: str) -> str:

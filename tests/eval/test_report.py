@@ -86,6 +86,19 @@ def test_runs_at_another_margin_are_another_operating_point(tmp_path):
     assert "| canopy | 4 | 98 [" in md and "| canopy | 4 | 178 [" in md
 
 
+def test_hybrid_runs_are_named_by_share_and_cutoff(tmp_path):
+    res = tmp_path / "res"
+    for cutoff in (None, 0.8):
+        run = _run("canopy", 10, 2, [1.0, 0.5, 0.0, 1.0], [100, 120, 80, 90])
+        run["spec"]["refinement"] = {"mode": "hybrid", "share": 0.4, "cutoff": cutoff}
+        write_json(res / f"{cutoff}" / "canopy.json", run)
+    write_report(res)
+    md = (res / "pareto.md").read_text()
+    assert "### tiny, given setting, hybrid 0.4: reader tokens" in md
+    assert "### tiny, given setting, hybrid 0.4, cutoff 0.8: reader tokens" in md
+    assert (res / "pareto_tiny_given_hybrid0.4_cutoff0.8.png").exists()
+
+
 def test_pareto_shows_short_answers_with_their_own_n(tmp_path):
     res = tmp_path / "res"
     run = _run("canopy", 10, 2, [1.0, 0.5, 0.0, 1.0], [100, 120, 80, 90], informative=(1.0, 0.0, 1.0, None))
