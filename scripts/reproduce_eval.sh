@@ -20,9 +20,9 @@
 #   7. refinement on gold items, f0 and f_theta, on validation and test (results/refinement), and
 #      with a cross-encoder scorer the fused scorer (results/refinement/fusion);
 #   8. the k x B sweep of the shipped configuration (results/sweep-kb).
-# Steps 6 and 7 compare the cross-encoder when CROSS names one (`canopy train --scorer cross`
-# writes runs/train/minilm-cross/scorer; the published tables were made with it); without it
-# they leave its rows out.
+# Steps 6 and 7 compare the cross-encoder scorer at CROSS (default runs/train/minilm-cross/scorer,
+# trained first by `canopy train --scorer cross` if missing, about half an hour; the published tables
+# have its rows); CROSS= (empty) leaves its rows out.
 # Every run JSON's spec records the split, seed, n, candidate counts, config hash and adapter id.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ SHARED=${1:-../shared/data}
 CONFIG=${CONFIG:-configs/cpu.yaml}
 METHODS=canopy,no_projection,random,flat_matched
 OPEN_N=${OPEN_N:-60}
-CROSS=${CROSS:-}
+CROSS=${CROSS-runs/train/minilm-cross/scorer}
 C=.venv/bin/canopy
 PY=.venv/bin/python
 
@@ -68,6 +68,9 @@ done
 
 $C report results/eval
 
+if [ -n "$CROSS" ] && [ ! -f "$CROSS/scorer.safetensors" ]; then
+    $C train --config "$CONFIG" --scorer cross --address local --shared-data "$SHARED" --out "$CROSS"
+fi
 $PY -m canopy_ray.eval.study --config "$CONFIG" ${CROSS:+--cross "$CROSS"}
 
 for split in validation test; do
