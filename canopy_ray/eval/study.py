@@ -267,7 +267,7 @@ def shipped(cfg) -> tuple[str, str]:
     if r.cutoff is None:
         return scorer, policy
     # the study's cut policies are the plain hybrid's; with lead or a fallback the name matches none
-    return scorer, f"cut {r.cutoff:g}/{r.share:g}" if policy == f"hybrid {r.share:g}" else f"{policy} cut {r.cutoff:g}"
+    return scorer, f"{policy} cut {r.cutoff:g}" if r.lead or r.fallback else f"cut {r.cutoff:g}/{r.share:g}"
 
 
 def table(results: dict, chosen: tuple[str, str], split: str, ship: tuple[str, str] | None = None) -> list[str]:
