@@ -50,3 +50,9 @@ def test_setup_installs_the_gpu_extra_and_the_dashboard_stays_local(cluster):
     assert any("[gpu]" in c for c in cluster["setup_commands"])
     assert all("0.0.0.0" not in c for c in cluster["head_start_ray_commands"])
     assert any("--dashboard-host=127.0.0.1" in c for c in cluster["head_start_ray_commands"])
+
+
+def test_every_node_requires_the_token_that_ray_up_mounts(cluster):
+    starts = [c for c in cluster["head_start_ray_commands"] + cluster["worker_start_ray_commands"] if " start " in c]
+    assert len(starts) == 2 and all(c.startswith("RAY_AUTH_MODE=token ") for c in starts)
+    assert cluster["file_mounts"]["/home/ubuntu/.ray/auth_token"] == "~/.ray/auth_token"
