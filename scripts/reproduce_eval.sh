@@ -21,8 +21,8 @@
 #      with a cross-encoder scorer the fused scorer (results/refinement/fusion);
 #   8. the k x B sweep of the shipped configuration (results/sweep-kb).
 # Steps 6 and 7 compare the cross-encoder scorer at CROSS (default runs/train/minilm-cross/scorer,
-# trained first by `canopy train --scorer cross` if missing, about half an hour; results/refinement
-# has its rows, the current results/study not yet); CROSS= (empty) leaves its rows out.
+# trained first by `canopy train --scorer cross` if missing, half an hour or more); CROSS= (empty)
+# leaves its rows out.
 # Every run JSON's spec records the split, seed, n, candidate counts, config hash and adapter id.
 set -euo pipefail
 cd "$(dirname "$0")/.."

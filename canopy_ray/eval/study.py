@@ -14,8 +14,9 @@ for the second hop of a multi-hop question); ``tuned+bm25:0.4+len:beta`` adds be
 of the node's words (:func:`log_words`); ``tuned+bm25:0.4+link:w`` adds w to every node of an item
 that one of the two best items names (``link1``: the best one; :func:`link_terms`, as
 ``refinement.link``); with ``--cross DIR`` also ``cross`` (the
-cross-encoder node scorer of :mod:`canopy_ray.train.cross`, a probability) alone, with BM25, and
-added to ``tuned+bm25:0.8``:
+cross-encoder node scorer of :mod:`canopy_ray.train.cross`, a probability) alone, with BM25,
+added to ``tuned+bm25:0.8``, and added to the shipped ``tuned+bm25:0.4+link:0.2`` (the link term
+then ranks items by the sum, as ``refinement.cross`` and ``refinement.link`` do together):
 
 - ``canopy m``: Algorithm 1 at margin m (:func:`canopy_ray.core.refine.refine`);
 - ``gate m/d``: refinement at margin m, then an item whose best visited node scores below the
@@ -48,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from canopy_ray.core.evidence import evidence_body, head, node_text, piece, render_evidence
+from canopy_ray.core.files import digest, sha256_file
 from canopy_ray.core.hierarchy import ItemTree, Span, build_tree
 from canopy_ray.core.items import TableItem
 from canopy_ray.core.lexical import best_of, bm25, named, scaled
@@ -239,7 +241,8 @@ SCORERS = ("f0", "f0+bm25:0.4",
            "tuned+bm25:0.4+len:-0.04", "tuned+bm25:0.4+len:-0.02", "tuned+bm25:0.4+len:0.02", "tuned+bm25:0.4+len:0.04",
            "tuned+bm25:0.4+link1:0.2", "tuned+bm25:0.4+link:0.1", "tuned+bm25:0.4+link:0.2", "tuned+bm25:0.4+link:0.4")
 CROSS = ("cross", "cross+bm25:0.2", "cross+bm25:0.4", "cross+bm25:0.8",
-         "tuned+bm25:0.8+cross:0.2", "tuned+bm25:0.8+cross:0.4")
+         "tuned+bm25:0.8+cross:0.2", "tuned+bm25:0.8+cross:0.4",
+         "tuned+bm25:0.4+cross:0.2+link:0.2", "tuned+bm25:0.4+cross:0.4+link:0.2")
 POLICIES = (["canopy 0", "canopy 0.05"] + [f"{g} 0.05/{d}" for g in ("gate", "gate-leaf") for d in (0.1, 0.2)]
             + [f"{p} {r}" for p in ("hybrid", "lead", "flat") for r in (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6)]
             + ["hybrid 0.4/0.02", "hybrid 0.5/0.02", "lead 0.4/0.02", "lead 0.5/0.02"]
@@ -335,19 +338,22 @@ def main(argv=None) -> int:
         from canopy_ray.models.cross import CrossScorer
 
         cross = CrossScorer(args.cross, max_length=cfg.models.max_length)
+        cross_id = sha256_file(Path(args.cross) / "scorer.safetensors")[:16]
+    scorer_id = digest([encoder.model_id, encoder.adapter_id], 12)
     work = Path(args.work)
     for split in [] if args.tables else [args.split] if args.split else ["validation", "test"]:
         res = {}
         for s in SETS:
             d = Path(args.data) / s
             es = load_eval_set(s, d / "questions.jsonl", d / "corpus.jsonl", split=split)
-            recs = score_set(es, encoder, work / f"{s}-{split}.json")
+            # caches named by the scorers' identities: another adapter or cross-encoder scores afresh
+            recs = score_set(es, encoder, work / f"{s}-{split}-{scorer_id}.json")
             trees = [trees_of(q, es.items) for q in es.questions]  # built once: every policy replays them
             for q, ts, rec in zip(es.questions, trees, recs):
                 rec["prf"], rec["len"] = feedback(q.question, ts, rec), log_words(ts, rec)
                 rec.update(item_texts(ts, rec))
             if cross is not None:
-                cross_scores(es.questions, trees, recs, cross, work / f"{s}-{split}-cross.json")
+                cross_scores(es.questions, trees, recs, cross, work / f"{s}-{split}-cross-{cross_id}.json")
             whole = evaluate("whole", "tuned", es.questions, trees, recs, count)
             res[s] = [{"scorer": sc, "policy": p, **summary(evaluate(p, sc, es.questions, trees, recs, count), whole)}
                       for sc in SCORERS + (CROSS if cross else ()) for p in POLICIES]

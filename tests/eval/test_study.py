@@ -34,7 +34,7 @@ def test_the_shipped_config_is_named_as_the_study_names_policies():
 
 
 def test_adapter_names_the_f_theta_that_scores(tmp_path, monkeypatch):
-    """``--adapter`` replaces the config's f_theta (another candidate's study, in its own --work)."""
+    """``--adapter`` replaces the config's f_theta (another candidate's study)."""
     import canopy_ray.models.encoder as encoder
     from canopy_ray.eval.study import main
 
@@ -131,3 +131,32 @@ def test_cut_keeps_the_leaves_within_d_of_the_best_and_raises_them_by_the_rule()
     # leaves >= 0.1: a's third stays a leaf (its parent scores 0.0), b keeps both of its own
     assert apply("cut 0.85", trees, scores) == [[(0, 2), (2, 3)], [(0, 1), (1, 2)]]
     assert apply("cut 0.85/0.5", trees, scores) == [[(0, 2)], [(0, 1)]]  # the best 3 of 6 leaves only
+
+
+def test_node_scores_are_cached_per_scorer_so_another_adapter_scores_afresh(tmp_path, monkeypatch):
+    """The cached node scores in ``--work`` are named by the encoder's identity: a study of another
+    f_theta (or base model) in the same folder never replays the first one's scores."""
+    import types
+
+    import canopy_ray.eval.runs as runs
+    import canopy_ray.eval.study as study
+    import canopy_ray.models.encoder as encoder
+
+    paths, current = [], {}
+    monkeypatch.setattr(encoder, "build_encoder", lambda models: types.SimpleNamespace(**current))
+    monkeypatch.setattr(runs, "load_eval_set", lambda *a, **k: None)
+
+    def record(eval_set, enc, path):
+        paths.append(path)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(study, "score_set", record)
+    for ident in ({"model_id": "all-MiniLM-L6-v2", "adapter_id": "lora-a"},
+                  {"model_id": "all-MiniLM-L6-v2", "adapter_id": "lora-b"},
+                  {"model_id": "other-model", "adapter_id": "lora-a"},
+                  {"model_id": "all-MiniLM-L6-v2", "adapter_id": "lora-a"}):
+        current.update(ident)
+        with pytest.raises(SystemExit):
+            study.main(["--work", str(tmp_path), "--split", "validation"])
+    assert len(set(paths[:3])) == 3 and paths[3] == paths[0]
+    assert all(p.parent == tmp_path for p in paths)
