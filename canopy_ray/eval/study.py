@@ -318,8 +318,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/study")
     ap.add_argument("--config", default=None)
     ap.add_argument("--adapter", default=None, help="f_theta's adapter (default: the config's); give it its own --work")
-    ap.add_argument("--cross", default=None, help="a cross-encoder scorer (canopy_ray.train.cross) to "
-                    "compare as scorers cross and cross+bm25:w")
+    ap.add_argument("--cross", default=None, help="a cross-encoder scorer (canopy_ray.train.cross): adds the "
+                    "scorers that use it (CROSS)")
     ap.add_argument("--split", choices=["validation", "test"], default=None,
                     help="score and replay one split only (two processes in parallel); the tables are "
                          "written once both splits' results are in --work")

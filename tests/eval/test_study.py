@@ -134,8 +134,9 @@ def test_cut_keeps_the_leaves_within_d_of_the_best_and_raises_them_by_the_rule()
 
 
 def test_node_scores_are_cached_per_scorer_so_another_adapter_scores_afresh(tmp_path, monkeypatch):
-    """The cached node scores in ``--work`` are named by the encoder's identity: a study of another
-    f_theta (or base model) in the same folder never replays the first one's scores."""
+    """The cached node scores in ``--work`` are named by the encoder's identity and the
+    cross-encoder's weights: a study of another f_theta, base model or cross-encoder never replays
+    the cached scores of an earlier one (its results-*.json still want a --work of their own)."""
     import types
 
     import canopy_ray.eval.runs as runs
@@ -160,3 +161,24 @@ def test_node_scores_are_cached_per_scorer_so_another_adapter_scores_afresh(tmp_
             study.main(["--work", str(tmp_path), "--split", "validation"])
     assert len(set(paths[:3])) == 3 and paths[3] == paths[0]
     assert all(p.parent == tmp_path for p in paths)
+
+    # the cross-encoder's scores: named by the SHA-256 of its weights
+    import canopy_ray.models.cross as cross_mod
+
+    monkeypatch.setattr(cross_mod, "CrossScorer", lambda path, max_length: path)
+    monkeypatch.setattr(study, "score_set", lambda *a: [])
+    monkeypatch.setattr(study, "trees_of", lambda q, items: [])
+    monkeypatch.setattr(runs, "load_eval_set", lambda *a, **k: types.SimpleNamespace(questions=[], items={}))
+
+    def cross_path(questions, trees, recs, scorer, path):
+        paths.append(path)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(study, "cross_scores", cross_path)
+    for weights in (b"one", b"two", b"one"):
+        scorer = tmp_path / "scorer"
+        scorer.mkdir(exist_ok=True)
+        (scorer / "scorer.safetensors").write_bytes(weights)
+        with pytest.raises(SystemExit):
+            study.main(["--work", str(tmp_path), "--split", "validation", "--cross", str(scorer)])
+    assert paths[4] != paths[5] and paths[4] == paths[6] and paths[4] not in paths[:4]
