@@ -18,8 +18,6 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-SETS = ("hotpotqa", "nq", "tatqa")
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -34,6 +32,7 @@ def main(argv=None) -> int:
     import canopy_ray
     from canopy_ray.config import load_config
     from canopy_ray.eval.runs import load_eval_set
+    from canopy_ray.eval.study import SETS
 
     shipped = load_config(args.config, models={"cache_mb": 0})
     cross = shipped.override(models={"scorer": args.cross}, refinement={"cross": args.weight, "cutoff": args.cutoff})

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from canopy_ray.core.evidence import node_text
-from canopy_ray.core.files import cached_array, sha256_file, write_json, write_text
+from canopy_ray.core.files import cached_array, write_json, write_text
 from canopy_ray.core.lexical import scaled_bm25
 from canopy_ray.core.metrics import decision_accuracy, gold_recall, refinement_stats
 from canopy_ray.core.refine import refine
@@ -36,13 +36,13 @@ GRID = [(a, b, c, beta) for a, b, c, beta in itertools.product(
 TERMS = ("cos", "cross", "bm25", "log_words")
 
 
-def node_terms(gold, f0, f_theta, cross, cross_id: str, cache_dir) -> list[dict]:
+def node_terms(gold, f0, f_theta, cross, cache_dir) -> list[dict]:
     """Per gold item ``{term: {span: value}}`` for the four terms."""
     from canopy_ray.eval.refinement import query_vectors, score_items
 
     cos = score_items(gold, query_vectors(gold, f0, cache_dir), f_theta, cache_dir)
     pairs = [(gi.question.question, [node_text(gi.tree, s) for s in c]) for gi, c in zip(gold, cos)]
-    flat = cached_array(cache_dir, "cross", [cross_id, pairs],
+    flat = cached_array(cache_dir, "cross", [cross.adapter_id, pairs],
                         lambda: np.concatenate([cross.score(q, ts) for q, ts in pairs] or [np.zeros(0)]))
     out, at = [], 0
     for c, (q, texts) in zip(cos, pairs):
@@ -84,11 +84,10 @@ def main(argv=None) -> int:
     dirs = prepare_shared(args.shared_data, args.work_dir, list(SHARED_SETS))
     f_theta = build_encoder(cfg.models.model_copy(update={"adapter": args.adapter or resolve_path(cfg.models.adapter)}))
     cross = CrossScorer(args.cross, max_length=cfg.models.max_length)
-    cross_id = f"cross:{sha256_file(Path(args.cross) / 'scorer.safetensors')}"
     rows, data = {}, {}
     for split in ("validation", "test"):
         gold = collect(dirs, split, cfg.hierarchy.branching)
-        data[split] = gold, node_terms(gold, frozen_nodes(f_theta), f_theta, cross, cross_id, args.cache)
+        data[split] = gold, node_terms(gold, frozen_nodes(f_theta), f_theta, cross, args.cache)
         rows[split] = [measure(*data[split], w) for w in GRID]
     ok = [i for i, (_, rec) in enumerate(rows["validation"]) if rec >= args.recall]
     chosen = max(ok, key=lambda i: rows["validation"][i][0]) if ok else None

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from canopy_ray.core.evidence import evidence_body, head, node_text, piece, render_evidence
-from canopy_ray.core.files import digest, sha256_file
+from canopy_ray.core.files import digest
 from canopy_ray.core.hierarchy import ItemTree, Span, build_tree
 from canopy_ray.core.items import TableItem
 from canopy_ray.core.lexical import best_of, bm25, named, scaled
@@ -338,7 +338,6 @@ def main(argv=None) -> int:
         from canopy_ray.models.cross import CrossScorer
 
         cross = CrossScorer(args.cross, max_length=cfg.models.max_length)
-        cross_id = sha256_file(Path(args.cross) / "scorer.safetensors")[:16]
     scorer_id = digest([encoder.model_id, encoder.adapter_id], 12)
     work = Path(args.work)
     for split in [] if args.tables else [args.split] if args.split else ["validation", "test"]:
@@ -353,7 +352,7 @@ def main(argv=None) -> int:
                 rec["prf"], rec["len"] = feedback(q.question, ts, rec), log_words(ts, rec)
                 rec.update(item_texts(ts, rec))
             if cross is not None:
-                cross_scores(es.questions, trees, recs, cross, work / f"{s}-{split}-cross-{cross_id}.json")
+                cross_scores(es.questions, trees, recs, cross, work / f"{s}-{split}-{cross.adapter_id.replace(':', '-')}.json")
             whole = evaluate("whole", "tuned", es.questions, trees, recs, count)
             res[s] = [{"scorer": sc, "policy": p, **summary(evaluate(p, sc, es.questions, trees, recs, count), whole)}
                       for sc in SCORERS + (CROSS if cross else ()) for p in POLICIES]

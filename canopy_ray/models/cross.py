@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from canopy_ray.core.files import sha256_file
 from canopy_ray.models.batching import length_batches
 
 
@@ -77,7 +78,8 @@ class CrossScorer(torch.nn.Module):
         for name, p in self.named_parameters():
             p.requires_grad = name in self.tuned_state()
         self.max_length, self.batch_tokens, self.device = max_length, batch_tokens, device
-        self.adapter_id = f"cross:{Path(path).name}" if path else "cross:untrained"
+        # by content, as an adapter's: a retrained scorer at the same path never hits a stale cache
+        self.adapter_id = f"cross:{sha256_file(Path(path) / 'scorer.safetensors')[:16]}" if path else "cross:untrained"
         self.to(device).eval()
 
     def tuned_state(self) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ from tests.eval.test_refinement_eval import BAD, GOLD, GOOD, PairScorer
 
 
 def test_each_term_comes_from_its_scorer_and_the_weights_pick_them():
-    (terms,) = node_terms([GOLD], BAD, BAD, PairScorer(GOOD), "good", None)
+    (terms,) = node_terms([GOLD], BAD, BAD, PairScorer(GOOD), None)
     assert math.isclose(terms["cos"][(2, 3)], 0.7, abs_tol=1e-6) and math.isclose(terms["cross"][(2, 3)], 0.3, abs_tol=1e-6)
     assert set(terms["bm25"].values()) == {0.0}  # "which?" shares no word with the item
     assert math.isclose(terms["log_words"][(0, 4)], math.log(11))  # the title "T:" and 10 words

@@ -56,6 +56,8 @@ def test_summary_matches_the_hand_worked_refinement():
 class PairScorer:
     """A scorer of (question, node) pairs (the cross-encoder's interface): the same scores as GOOD."""
 
+    adapter_id = "cross:pairs"
+
     def __init__(self, encoder):
         self.by_text = encoder.by_text
 

@@ -162,10 +162,19 @@ def test_node_scores_are_cached_per_scorer_so_another_adapter_scores_afresh(tmp_
     assert len(set(paths[:3])) == 3 and paths[3] == paths[0]
     assert all(p.parent == tmp_path for p in paths)
 
-    # the cross-encoder's scores: named by the SHA-256 of its weights
-    import canopy_ray.models.cross as cross_mod
+    # the cross-encoder's scores: named by its weights (a copy elsewhere shares them), not its folder
+    import shutil
 
-    monkeypatch.setattr(cross_mod, "CrossScorer", lambda path, max_length: path)
+    import torch
+
+    from canopy_ray.models.cross import CrossScorer
+
+    scorer = CrossScorer()
+    one = scorer.save(tmp_path / "one")
+    with torch.no_grad():
+        scorer.head.bias += 1.0
+    two = scorer.save(tmp_path / "two")
+    copy = shutil.copytree(one, tmp_path / "copy")
     monkeypatch.setattr(study, "score_set", lambda *a: [])
     monkeypatch.setattr(study, "trees_of", lambda q, items: [])
     monkeypatch.setattr(runs, "load_eval_set", lambda *a, **k: types.SimpleNamespace(questions=[], items={}))
@@ -175,10 +184,7 @@ def test_node_scores_are_cached_per_scorer_so_another_adapter_scores_afresh(tmp_
         raise SystemExit(0)
 
     monkeypatch.setattr(study, "cross_scores", cross_path)
-    for weights in (b"one", b"two", b"one"):
-        scorer = tmp_path / "scorer"
-        scorer.mkdir(exist_ok=True)
-        (scorer / "scorer.safetensors").write_bytes(weights)
+    for path in (one, two, copy):
         with pytest.raises(SystemExit):
-            study.main(["--work", str(tmp_path), "--split", "validation", "--cross", str(scorer)])
+            study.main(["--work", str(tmp_path), "--split", "validation", "--cross", str(path)])
     assert paths[4] != paths[5] and paths[4] == paths[6] and paths[4] not in paths[:4]
