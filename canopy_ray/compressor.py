@@ -13,8 +13,9 @@ the parent-child rule decide how far up each chosen leaf's context reaches
 a chosen leaf may rise to (:func:`canopy_ray.core.refine.score_hybrid`); ``refinement.cutoff``
 keeps, of the chosen share, only the leaves within it of the best. There, and in ``flat``,
 ``refinement.lexical`` adds to each cosine BM25 over all the nodes the mode ranks against
-(:mod:`canopy_ray.core.lexical`); ``refinement.link`` adds its weight to every node of an item that
-one of the two best items names (by their best leaf, every other term counted).
+(:mod:`canopy_ray.core.lexical`); ``refinement.title`` adds its weight to every node of an item the
+query names by title, and ``refinement.link`` to every node of an item that one of the two best items
+names (by their best leaf, every other term counted).
 
 With ``models.scorer`` a cross-encoder (:mod:`canopy_ray.models.cross`) reads the question and
 each node's text together; ``refinement.cross`` weighs its score, added there too.
@@ -32,7 +33,7 @@ import numpy as np
 from canopy_ray.core.evidence import Piece, TokenCounter, count_words, node_text, piece, render
 from canopy_ray.core.hierarchy import ItemTree, Node, Span, build_tree
 from canopy_ray.core.items import Item
-from canopy_ray.core.lexical import best_of, named, scaled_bm25
+from canopy_ray.core.lexical import best_of, named, scaled_bm25, titled
 from canopy_ray.core.refine import Ask, decisions, drive, fates, gate, hybrid, score_hybrid, score_lazily
 
 MODES = ("canopy", "hybrid", "none", "flat")
@@ -180,8 +181,10 @@ class _Scoring:
     """One call's scoring: vectors from the node store, the cache or the encoder, and counts."""
 
     def __init__(self, comp: "Compressor", trees: Sequence[ItemTree], query_vec: np.ndarray, query: str = "",
-                 lexical: float = 0.0, cross: float = 0.0, leaves_only: bool = False, link: float = 0.0):
+                 lexical: float = 0.0, cross: float = 0.0, leaves_only: bool = False, link: float = 0.0,
+                 title: float = 0.0):
         self.comp, self.trees, self.lexical, self.cross, self.link = comp, trees, lexical, cross, link
+        self.titled = np.float32(title) * np.asarray(titled([t.item.title for t in trees], query), np.float32)
         self.named: np.ndarray | None = None  # per item, from the first ask (every ranked leaf)
         self.query = np.asarray(query_vec, np.float32)
         if cross and not query:
@@ -242,6 +245,7 @@ class _Scoring:
             cos = cos + np.float32(self.cross) * np.asarray(pairs, np.float32)
         if self.lexical and any(self.bm25):
             cos = cos + np.float32(self.lexical) * np.asarray([self.bm25[i][n.span] for i, n in ask], np.float32)
+        cos = cos + self.titled[[i for i, _ in ask]]
         if self.link:
             if self.named is None:  # the ranking modes ask for every leaf first (single-node items' too)
                 best = best_of(len(self.trees), ((i, v) for (i, _), v in zip(ask, cos.tolist())))
@@ -262,7 +266,7 @@ class Compressor:
     same node encoder. The encoder needs ``encode_nodes``, ``token_counts`` and its identity
     (``model_id``, ``adapter_id``); an async caller passes its own encode function instead.
     ``stats`` counts nodes served by the store, by the cache, and encoded (with their tokens).
-    ``margin``, ``mode``, ``share``, ``fallback``, ``lead``, ``cutoff``, ``gate``, ``lexical`` and ``link`` are
+    ``margin``, ``mode``, ``share``, ``fallback``, ``lead``, ``cutoff``, ``gate``, ``lexical``, ``title`` and ``link`` are
     the config's ``refinement`` section (:class:`canopy_ray.config.RefinementConfig`); ``cross``
     weighs the cross-encoder's score (``models.scorer``: the encoder's ``score_nodes``, or the
     ``score`` a Serve caller passes) added in the one-ask modes.
@@ -272,9 +276,9 @@ class Compressor:
                  max_frames: int = 32, count_tokens: TokenCounter = count_words, node_store=None, cache=None,
                  margin: float = 0.0, mode: str = "canopy", share: float = 0.5, gate: float = math.inf,
                  lexical: float = 0.0, fallback: float = 0.0, lead: bool = False, cross: float = 0.0,
-                 link: float = 0.0, cutoff: float | None = None):
+                 link: float = 0.0, cutoff: float | None = None, title: float = 0.0):
         self.encoder, self.margin, self.mode, self.share, self.gate = encoder, margin, mode, share, gate
-        self.cross, self.link, self.cutoff = cross, link, cutoff
+        self.cross, self.link, self.cutoff, self.title = cross, link, cutoff, title
         self.lexical, self.fallback, self.lead = lexical, fallback, lead
         self.tree_args = dict(branching=branching, segment_s=segment_s, frame_every_s=frame_every_s,
                               max_frames=max_frames)
@@ -294,7 +298,7 @@ class Compressor:
         h, r = cfg.hierarchy, cfg.refinement
         return cls(encoder, h.branching, h.segment_s, h.frame_every_s, h.max_frames, margin=cfg.margin,
                    mode=r.mode, share=r.share, gate=math.inf if r.gate is None else r.gate, lexical=r.lexical,
-                   link=r.link, fallback=r.fallback, lead=r.lead, cutoff=r.cutoff,
+                   link=r.link, title=r.title, fallback=r.fallback, lead=r.lead, cutoff=r.cutoff,
                    **{"cross": r.cross if hasattr(encoder, "score_nodes") else 0.0} | kw)
 
     def tree(self, item: Item, whole: bool = False, branching: int | None = None) -> ItemTree:
@@ -335,7 +339,7 @@ class Compressor:
         ranked = mode != "canopy"
         return _Scoring(self, trees, query_vec, opts.query, self.lexical if ranked else 0.0,
                         self.cross if ranked else 0.0, leaves_only=mode == "flat",
-                        link=self.link if ranked else 0.0), levels
+                        link=self.link if ranked else 0.0, title=self.title if ranked else 0.0), levels
 
     def _finish(self, run: _Scoring, scores: list[dict], opts: CompressOptions) -> list[ItemResult]:
         mode, count, t = self.mode_of(opts), self.count_tokens, opts.round

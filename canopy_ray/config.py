@@ -76,6 +76,9 @@ class RefinementConfig(Section):
     link: float = Field(0.2, ge=0, description="hybrid (and flat): added to every node of an item that one of "
                         "the two best items names (its title in their text: the second hop of a bridge "
                         "question; canopy_ray.core.lexical.named); 0 = none")
+    title: float = Field(0.1, ge=0, description="hybrid (and flat): added to every node of an item the query "
+                         "names by title (canopy_ray.core.lexical.titled), before the link term ranks the "
+                         "items; 0 = none")
     cross: float = Field(0.0, ge=0, description="hybrid (and flat): weight of the cross-encoder's score "
                          "(models.scorer, a probability) added to f_theta's; 0 = none")
 

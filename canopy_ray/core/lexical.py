@@ -53,20 +53,30 @@ def scaled_bm25(query: str, texts: Sequence[str]) -> list[float]:
     return scaled(bm25(query, texts))
 
 
+def title_pattern(title: str | None) -> re.Pattern | None:
+    """How an item is named: its title, the qualifier in parentheses aside, as whole words
+    (lowercase); None for a name under 4 characters, too short to tell from other words."""
+    name = QUALIFIER.sub(" ", title or "").strip().lower()
+    return re.compile(rf"\b{re.escape(name)}\b") if len(name) >= 4 else None
+
+
 def named(titles: Sequence[str], body: Callable[[int], str], best: Sequence[float | None],
           items: int = 2) -> list[bool]:
     """Per item: whether one of the ``items`` items with the highest ``best`` score (None: not
-    ranked), other than itself, names it: its title, the qualifier in parentheses aside and of
-    4 characters at least, occurs as whole words in that item's body (``body(i)``, asked of
-    those best items only)."""
+    ranked), other than itself, names it (:func:`title_pattern`) in its body (``body(i)``, asked
+    of those best items only)."""
     top = sorted((i for i, b in enumerate(best) if b is not None), key=lambda i: -best[i])[:items]
     texts = {i: body(i).lower() for i in top}
-    out = []
-    for j, title in enumerate(titles):
-        name = QUALIFIER.sub(" ", title or "").strip().lower()
-        pattern = re.compile(rf"\b{re.escape(name)}\b")
-        out.append(len(name) >= 4 and any(pattern.search(text) for i, text in texts.items() if i != j))
-    return out
+    patterns = [title_pattern(t) for t in titles]
+    return [p is not None and any(p.search(text) for i, text in texts.items() if i != j)
+            for j, p in enumerate(patterns)]
+
+
+def titled(titles: Sequence[str], query: str) -> list[bool]:
+    """Per item: whether the query names it (:func:`title_pattern`): a bridge question's first
+    paragraph is often the entity it names, and that paragraph names the second."""
+    query = query.lower()
+    return [p is not None and p.search(query) is not None for p in map(title_pattern, titles)]
 
 
 def best_of(n: int, scored: Iterable[tuple[int, float]]) -> list[float | None]:

@@ -13,7 +13,9 @@ the question expanded by the best leaf of each of the two best items (pseudo-rel
 for the second hop of a multi-hop question); ``tuned+bm25:0.4+len:beta`` adds beta times the log
 of the node's words (:func:`log_words`); ``tuned+bm25:0.4+link:w`` adds w to every node of an item
 that one of the two best items names (``link1``: the best one; :func:`link_terms`, as
-``refinement.link``); with ``--cross DIR`` also ``cross`` (the
+``refinement.link``); ``+title:w`` adds w to every node of an item the question names by title
+(:func:`canopy_ray.core.lexical.titled`, as ``refinement.title``; before ``link``, it lifts a
+bridge question's first paragraph among the best items, whose text names the second); with ``--cross DIR`` also ``cross`` (the
 cross-encoder node scorer of :mod:`canopy_ray.train.cross`, a probability) alone, with BM25,
 added to ``tuned+bm25:0.8``, and added to the shipped ``tuned+bm25:0.4+link:0.2`` (the link term
 then ranks items by the sum, as ``refinement.cross`` and ``refinement.link`` do together):
@@ -52,7 +54,7 @@ from canopy_ray.core.evidence import evidence_body, head, node_text, piece, rend
 from canopy_ray.core.files import digest
 from canopy_ray.core.hierarchy import ItemTree, Span, build_tree
 from canopy_ray.core.items import TableItem
-from canopy_ray.core.lexical import best_of, bm25, named, scaled
+from canopy_ray.core.lexical import best_of, bm25, named, scaled, titled
 from canopy_ray.core.metrics import answer_recall, bootstrap_ci, informative, paired_difference_ci, refinement_stats
 from canopy_ray.core.refine import drive, gate, hybrid, refine, score_lazily, top_leaves
 from canopy_ray.core.table_rules import table_kind
@@ -138,6 +140,12 @@ def link_terms(rec: dict, s: np.ndarray, items: int) -> list[float]:
     names (:func:`canopy_ray.core.lexical.named`), else 0."""
     best = best_of(len(rec["titles"]), ((i, v) for (i, _), v, leaf in zip(rec["nodes"], s, rec["leaf"]) if leaf))
     hit = named(rec["titles"], rec["bodies"].__getitem__, best, items)
+    return [float(hit[i]) for i, _ in rec["nodes"]]
+
+
+def title_terms(question: str, rec: dict) -> list[float]:
+    """1 for every node of an item the question names by title (:func:`titled`), else 0."""
+    hit = titled(rec["titles"], question)
     return [float(hit[i]) for i, _ in rec["nodes"]]
 
 
@@ -239,10 +247,13 @@ SCORERS = ("f0", "f0+bm25:0.4",
            "tuned", "tuned+bm25:0.2", "tuned+bm25:0.4", "tuned+bm25:0.8", "tuned+bm25:1.2", "tuned+bm25:1.6",
            "tuned+bm25:0.8+prf:0.2", "tuned+bm25:0.8+prf:0.4", "tuned+bm25:0.8+prf:0.8",
            "tuned+bm25:0.4+len:-0.04", "tuned+bm25:0.4+len:-0.02", "tuned+bm25:0.4+len:0.02", "tuned+bm25:0.4+len:0.04",
-           "tuned+bm25:0.4+link1:0.2", "tuned+bm25:0.4+link:0.1", "tuned+bm25:0.4+link:0.2", "tuned+bm25:0.4+link:0.4")
+           "tuned+bm25:0.4+link1:0.2", "tuned+bm25:0.4+link:0.1", "tuned+bm25:0.4+link:0.2", "tuned+bm25:0.4+link:0.4",
+           "tuned+bm25:0.4+title:0.1", "tuned+bm25:0.4+title:0.1+link:0.2", "tuned+bm25:0.4+title:0.2+link:0.2",
+           "tuned+bm25:0.4+title:0.4+link:0.2")
 CROSS = ("cross", "cross+bm25:0.2", "cross+bm25:0.4", "cross+bm25:0.8",
          "tuned+bm25:0.8+cross:0.2", "tuned+bm25:0.8+cross:0.4",
-         "tuned+bm25:0.4+cross:0.2+link:0.2", "tuned+bm25:0.4+cross:0.4+link:0.2")
+         "tuned+bm25:0.4+cross:0.2+link:0.2", "tuned+bm25:0.4+cross:0.4+link:0.2",
+         "tuned+bm25:0.4+cross:0.2+title:0.1+link:0.2")
 POLICIES = (["canopy 0", "canopy 0.05"] + [f"{g} 0.05/{d}" for g in ("gate", "gate-leaf") for d in (0.1, 0.2)]
             + [f"{p} {r}" for p in ("hybrid", "lead", "flat") for r in (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6)]
             + ["hybrid 0.4/0.02", "hybrid 0.5/0.02", "lead 0.4/0.02", "lead 0.5/0.02"]
@@ -265,7 +276,7 @@ def shipped(cfg) -> tuple[str, str]:
     if r.mode == "canopy":
         return "tuned", f"canopy {cfg.margin:g}"
     scorer = "tuned" + (f"+bm25:{r.lexical:g}" if r.lexical else "") + (f"+cross:{r.cross:g}" if r.cross else "") \
-        + (f"+link:{r.link:g}" if r.link else "")
+        + (f"+title:{r.title:g}" if r.title else "") + (f"+link:{r.link:g}" if r.link else "")
     policy = f"{'lead' if r.lead else 'hybrid'} {r.share:g}" + (f"/{r.fallback:g}" if r.fallback else "")
     if r.cutoff is None:
         return scorer, policy
@@ -351,6 +362,7 @@ def main(argv=None) -> int:
             for q, ts, rec in zip(es.questions, trees, recs):
                 rec["prf"], rec["len"] = feedback(q.question, ts, rec), log_words(ts, rec)
                 rec.update(item_texts(ts, rec))
+                rec["title"] = title_terms(q.question, rec)
             if cross is not None:
                 cross_scores(es.questions, trees, recs, cross, work / f"{s}-{split}-{cross.adapter_id.replace(':', '-')}.json")
             whole = evaluate("whole", "tuned", es.questions, trees, recs, count)

