@@ -56,7 +56,7 @@ class CompressOptions:
     ``margin`` the refinement margin (:mod:`canopy_ray.core.refine`), ``share`` the hybrid's
     share and ``gate`` the item gate (``inf``: off), ``refinement`` what ``canopy`` runs
     (``canopy``: Algorithm 1, ``hybrid``); None: the compressor's. ``query`` is the
-    query's text, for BM25 beside the cosine (``Compressor.lexical``). Serve's Refiner also reads
+    query's text, for BM25 and the title term beside the cosine (``Compressor.lexical``, ``title``). Serve's Refiner also reads
     ``node_encoder`` (``tuned`` f_theta or ``frozen`` f0) and ``use_store`` (take cached
     node vectors from the index: only for items that came from it).
     """
@@ -227,8 +227,8 @@ class _Scoring:
         return [piece(self.trees[i], [n.span]) for i, n in ask]
 
     def scores(self, ask: Ask, found, fresh: np.ndarray, tokens: Sequence[int], pairs=None) -> np.ndarray:
-        """Cosines of the asked nodes (the freshly encoded ones cached and counted), plus BM25 and
-        the cross-encoder's ``pairs`` scores by their weights."""
+        """Cosines of the asked nodes (the freshly encoded ones cached and counted), plus BM25, the
+        cross-encoder's ``pairs`` scores, the title and the link terms by their weights."""
         vecs, todo, _, keys = found
         for k, vec, key, n in zip(todo, fresh, keys, tokens, strict=True):
             vecs[k] = vec

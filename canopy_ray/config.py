@@ -58,7 +58,8 @@ class RefinementConfig(Section):
                             "(calibration.json beside it, written by `canopy calibrate`), 0 without an adapter")
 
     # The shipped refinement, chosen on the validation split (results/study/study.md): the hybrid,
-    # leaves ranked by cosine plus BM25, the items the best two name raised, a cutoff below the best leaf
+    # leaves ranked by cosine plus BM25, the items the question names by title and those the best two name
+    # raised, a cutoff below the best leaf
     mode: Literal["canopy", "hybrid"] = Field(
         "hybrid", description="canopy: Algorithm 1 per item (the paper); hybrid: the best `share` of all the items' "
                               "leaves ranked together, each raised to its parent while the parent scores >= it")

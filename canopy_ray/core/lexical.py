@@ -60,7 +60,7 @@ def title_pattern(title: str | None) -> re.Pattern | None:
     return re.compile(rf"\b{re.escape(name)}\b") if len(name) >= 4 else None
 
 
-def named(titles: Sequence[str], body: Callable[[int], str], best: Sequence[float | None],
+def named(titles: Sequence[str | None], body: Callable[[int], str], best: Sequence[float | None],
           items: int = 2) -> list[bool]:
     """Per item: whether one of the ``items`` items with the highest ``best`` score (None: not
     ranked), other than itself, names it (:func:`title_pattern`) in its body (``body(i)``, asked
@@ -72,7 +72,7 @@ def named(titles: Sequence[str], body: Callable[[int], str], best: Sequence[floa
             for j, p in enumerate(patterns)]
 
 
-def titled(titles: Sequence[str], query: str) -> list[bool]:
+def titled(titles: Sequence[str | None], query: str) -> list[bool]:
     """Per item: whether the query names it (:func:`title_pattern`): a bridge question's first
     paragraph is often the entity it names, and that paragraph names the second."""
     query = query.lower()

@@ -17,8 +17,9 @@ that one of the two best items names (``link1``: the best one; :func:`link_terms
 (:func:`canopy_ray.core.lexical.titled`, as ``refinement.title``; before ``link``, it lifts a
 bridge question's first paragraph among the best items, whose text names the second); with ``--cross DIR`` also ``cross`` (the
 cross-encoder node scorer of :mod:`canopy_ray.train.cross`, a probability) alone, with BM25,
-added to ``tuned+bm25:0.8``, and added to the shipped ``tuned+bm25:0.4+link:0.2`` (the link term
-then ranks items by the sum, as ``refinement.cross`` and ``refinement.link`` do together):
+added to ``tuned+bm25:0.8``, and added to ``tuned+bm25:0.4+link:0.2`` and to the shipped
+``tuned+bm25:0.4+title:0.1+link:0.2`` (the link term then ranks items by the sum, as
+``refinement.cross`` and ``refinement.link`` do together):
 
 - ``canopy m``: Algorithm 1 at margin m (:func:`canopy_ray.core.refine.refine`);
 - ``gate m/d``: refinement at margin m, then an item whose best visited node scores below the
