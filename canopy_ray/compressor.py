@@ -184,7 +184,9 @@ class _Scoring:
                  lexical: float = 0.0, cross: float = 0.0, leaves_only: bool = False, link: float = 0.0,
                  title: float = 0.0):
         self.comp, self.trees, self.lexical, self.cross, self.link = comp, trees, lexical, cross, link
-        self.titled = np.float32(title) * np.asarray(titled([t.item.title for t in trees], query), np.float32)
+        # per item, matched only when the term is on (not in canopy mode, nor with paper-gpu.yaml)
+        self.titled = (np.float32(title) * np.asarray(titled([t.item.title for t in trees], query), np.float32)
+                       if title and query else None)
         self.named: np.ndarray | None = None  # per item, from the first ask (every ranked leaf)
         self.query = np.asarray(query_vec, np.float32)
         if cross and not query:
@@ -245,7 +247,8 @@ class _Scoring:
             cos = cos + np.float32(self.cross) * np.asarray(pairs, np.float32)
         if self.lexical and any(self.bm25):
             cos = cos + np.float32(self.lexical) * np.asarray([self.bm25[i][n.span] for i, n in ask], np.float32)
-        cos = cos + self.titled[[i for i, _ in ask]]
+        if self.titled is not None:
+            cos = cos + self.titled[[i for i, _ in ask]]
         if self.link:
             if self.named is None:  # the ranking modes ask for every leaf first (single-node items' too)
                 best = best_of(len(self.trees), ((i, v) for (i, _), v in zip(ask, cos.tolist())))
