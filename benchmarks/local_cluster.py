@@ -141,6 +141,7 @@ class LocalCluster:
         self.dashboard, self.health_check_s, self.object_store_mb = dashboard, health_check_s, object_store_mb
         self.worker_resources, self.head_resources = worker_resources or {}, head_resources or {}
         self.node_env = node_env or {}  # Ray settings for every process of the nodes
+        self._names: dict[str, str] = {}  # node_id -> our name: a node's id never changes
         self.token = secrets.token_hex(32)  # as `ray get-auth-token --generate` makes one
         self.gcs_port, self.dashboard_port, self.client_port = free_ports(3)
         self.nodes: dict[str, Node] = {}
@@ -236,7 +237,8 @@ class LocalCluster:
 
     def node_names(self) -> dict[str, str]:
         """node_id -> our name of it (its ``canopy-node`` label)."""
-        return {n["node_id"]: n.get("labels", {}).get("canopy-node", "?") for n in self.list_nodes()}
+        self._names = {n["node_id"]: n.get("labels", {}).get("canopy-node", "?") for n in self.list_nodes()}
+        return self._names
 
     def alive(self) -> set[str]:
         return {n.get("labels", {}).get("canopy-node", "?") for n in self.list_nodes() if n["state"] == "ALIVE"}
@@ -271,8 +273,10 @@ class LocalCluster:
         args = ["list", "actors", "--format=json", "--detail", "--limit=1000"]
         args += [f"--filter=class_name={class_name}"] if class_name else []
         args += [f"--filter=state={state}"] if state else []
-        names = self.node_names()
-        return [a | {"node": names.get(a.get("node_id"), "?")} for a in self._listed(self.ray(*args))]
+        actors = self._listed(self.ray(*args))
+        # each `ray list` is a process that imports Ray: ask for the nodes again only for one not seen
+        names = self._names if all(a.get("node_id") in self._names for a in actors) else self.node_names()
+        return [a | {"node": names.get(a.get("node_id"), "?")} for a in actors]
 
     def actors_by_node(self, class_name: str, state: str | None = "ALIVE") -> dict[str, int]:
         """How many actors of ``class_name`` each node holds (all states: None)."""

@@ -15,7 +15,7 @@ keeps, of the chosen share, only the leaves within it of the best. There, and in
 ``refinement.lexical`` adds to each cosine BM25 over all the nodes the mode ranks against
 (:mod:`canopy_ray.core.lexical`); ``refinement.title`` adds its weight to every node of an item the
 query names by title, and ``refinement.link`` to every node of an item that one of the two best items
-names (by their best leaf, every other term counted).
+(by their best leaf, every other term counted) or of the items the query names by title names.
 
 With ``models.scorer`` a cross-encoder (:mod:`canopy_ray.models.cross`) reads the question and
 each node's text together; ``refinement.cross`` weighs its score, added there too.
@@ -184,9 +184,10 @@ class _Scoring:
                  lexical: float = 0.0, cross: float = 0.0, leaves_only: bool = False, link: float = 0.0,
                  title: float = 0.0):
         self.comp, self.trees, self.lexical, self.cross, self.link = comp, trees, lexical, cross, link
-        # per item, matched only when the term is on (not in canopy mode, nor with paper-gpu.yaml)
-        self.titled = (np.float32(title) * np.asarray(titled([t.item.title for t in trees], query), np.float32)
-                       if title and query else None)
+        # the items the query names by title, matched only when a term reads them (not in canopy
+        # mode, nor with paper-gpu.yaml): they get the title term, and the link term reads them too
+        self.asked = titled([t.item.title for t in trees], query) if (title or link) and query else None
+        self.titled = np.float32(title) * np.asarray(self.asked, np.float32) if title and self.asked else None
         self.named: np.ndarray | None = None  # per item, from the first ask (every ranked leaf)
         self.query = np.asarray(query_vec, np.float32)
         if cross and not query:
@@ -252,8 +253,9 @@ class _Scoring:
         if self.link:
             if self.named is None:  # the ranking modes ask for every leaf first (single-node items' too)
                 best = best_of(len(self.trees), ((i, v) for (i, _), v in zip(ask, cos.tolist())))
-                self.named = np.asarray(named([t.item.title for t in self.trees],  # the best items' bodies only
-                                              lambda i: piece(self.trees[i], [self.trees[i].root.span]).body, best),
+                self.named = np.asarray(named([t.item.title for t in self.trees],  # these items' bodies only
+                                              lambda i: piece(self.trees[i], [self.trees[i].root.span]).body, best,
+                                              also=[i for i, hit in enumerate(self.asked or ()) if hit]),
                                         np.float32)
             cos = cos + np.float32(self.link) * self.named[[i for i, _ in ask]]
         return cos

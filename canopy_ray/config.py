@@ -58,8 +58,8 @@ class RefinementConfig(Section):
                             "(calibration.json beside it, written by `canopy calibrate`), 0 without an adapter")
 
     # The shipped refinement, chosen on the validation split (results/study/study.md): the hybrid,
-    # leaves ranked by cosine plus BM25, the items the question names by title and those the best two name
-    # raised, a cutoff below the best leaf
+    # leaves ranked by cosine plus BM25, the items the question names by title and those they or the best
+    # two name raised, a cutoff below the best leaf
     mode: Literal["canopy", "hybrid"] = Field(
         "hybrid", description="canopy: Algorithm 1 per item (the paper); hybrid: the best `share` of all the items' "
                               "leaves ranked together, each raised to its parent while the parent scores >= it")
@@ -74,9 +74,9 @@ class RefinementConfig(Section):
     lexical: float = Field(0.4, ge=0, description="hybrid (and flat): weight of BM25, scaled to [0, 1] over the "
                            "nodes scored together, added to each node's cosine; 0 = cosine alone (canopy mode "
                            "always scores by cosine alone)")
-    link: float = Field(0.2, ge=0, description="hybrid (and flat): added to every node of an item that one of "
-                        "the two best items names (its title in their text: the second hop of a bridge "
-                        "question; canopy_ray.core.lexical.named); 0 = none")
+    link: float = Field(0.2, ge=0, description="hybrid (and flat): added to every node of an item named (by "
+                        "title) in the text of one of the two best items or of an item the query names by "
+                        "title: the second hop of a bridge question (canopy_ray.core.lexical.named); 0 = none")
     title: float = Field(0.1, ge=0, description="hybrid (and flat): added to every node of an item the query "
                          "names by title (canopy_ray.core.lexical.titled), before the link term ranks the "
                          "items; 0 = none")
@@ -316,6 +316,8 @@ class ServeConfig(Section):
     health_check_period_s: float = Field(5.0, gt=0, description="Serve calls check_health this often; an idle "
                                          "model replica also runs a tiny forward pass")
     health_check_timeout_s: float = Field(30.0, gt=0)
+    graceful_shutdown_wait_loop_s: float = Field(2.0, gt=0, description="a stopping replica checks this often "
+                                                 "whether its requests are done (Serve's default)")
 
     @field_validator("ingress_limits", "chat_limits", "query_encoder_limits", "node_encoder_limits",
                      "refiner_limits", "retriever_limits", "llm_limits")

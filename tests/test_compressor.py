@@ -244,6 +244,35 @@ def test_the_link_term_raises_the_item_the_best_item_names():
     assert "PPG Paints Arena" in evidence(linked) and "PPG Paints Arena" not in evidence(plain)
 
 
+@pytest.mark.integration
+def test_the_link_term_reads_the_item_the_query_names_though_it_ranks_low():
+    """The item the question names by title is a bridge question's first hop, whatever it ranks:
+    the link term reads it beside the two best items, so the club it names gains ``link``; the
+    club's own text (it names Stockholm) is not read."""
+    from canopy_ray import load_config
+    from canopy_ray.models.encoder import build_encoder
+
+    def item(id_, title, sentences):
+        return parse_item({"id": id_, "modality": "text", "title": title, "sentences": sentences})
+
+    question = "Which team did Arvid Lindqvist play for?"
+    items = [item("al", "Arvid Lindqvist", ["He was born in Malmo in 1990.", " In 2012 he signed with Hammarby Rovers."]),
+             item("hr", "Hammarby Rovers", ["Hammarby Rovers is a football club in Stockholm.", " Its ground is Sodra Park."]),
+             item("t1", "Quiz night", ["Arvid Lindqvist played for a team that won the league.", " Nobody knew the answer."]),
+             item("t2", "Football trivia", ["Fans often ask which team Arvid Lindqvist played for.",
+                                            " The club's name is rarely remembered."]),
+             item("t3", "Quiz answers", ["Arvid Lindqvist played for his team as a defender.", " Question two is harder."]),
+             item("st", "Stockholm", ["Stockholm is the capital of Sweden.", " It lies on the Baltic Sea."])]
+    enc = build_encoder(load_config().models)
+    plain, linked = (Compressor(enc, mode="hybrid", share=0.5, link=w).compress(question, items) for w in (0.0, 0.2))
+    best = {r.tree.item.id: max(v for s, v in r.scores.items() if s[1] - s[0] == 1) for r in plain}
+    assert "al" not in sorted(best, key=best.get)[-2:], best  # not among the two best items
+    for p, k in zip(plain, linked):
+        added = {round(k.scores[s] - p.scores[s], 5) for s in set(p.scores) & set(k.scores)}
+        # Hammarby Rovers: named by Arvid Lindqvist's item; his item: named by the best two
+        assert added == ({0.2} if p.tree.item.id in ("hr", "al") else {0.0}), (p.tree.item.id, added)
+
+
 def test_the_title_term_raises_every_node_of_the_items_the_query_names(minilm):
     """``refinement.title``: every scored node of an item whose title the query names (qualifier
     aside) scores exactly that much more in the hybrid, no other node moves, and

@@ -108,7 +108,8 @@ def test_quickstart_indexes_serves_answers_and_writes_the_report(ray_local, tmp_
     from canopy_ray.quickstart import run
 
     lines = []
-    cfg = load_config(ROOT / "configs" / "cpu.yaml", critic={"rounds": 1}, retrieval={"k": 3})
+    cfg = load_config(ROOT / "configs" / "cpu.yaml", critic={"rounds": 1}, retrieval={"k": 3},
+                      serve={"graceful_shutdown_wait_loop_s": 0.2})
     out = run(cfg, tmp_path, corpus=CORPUS,
               questions=[{"question": "When was the Eiffel Tower built?", "answers": ["1889"]}],
               port=0, echo=lines.append)
@@ -146,6 +147,7 @@ def test_quickstart_with_an_openai_compatible_reader(ray_local, tmp_path, fake_l
 
     lines = []
     cfg = load_config(ROOT / "configs" / "cpu.yaml", critic={"rounds": 1}, retrieval={"k": 3},
+                      serve={"graceful_shutdown_wait_loop_s": 0.2},
                       llm=reader_override(fake_llm))
     run(cfg, tmp_path, corpus=CORPUS, port=0, echo=lines.append,
         questions=[{"question": "When was the Eiffel Tower built?", "answers": ["1889"]},

@@ -1,5 +1,5 @@
-"""Lexical evidence for node scores: BM25 of a query against the nodes scored together, and
-which items the best ones name.
+"""Lexical evidence for node scores: BM25 of a query against the nodes scored together, which
+items the query names, and which items those or the best ones name.
 
 A multi-hop question names the entity its second paragraph is about, and a cosine of small
 sentence vectors often misses it; the words do not. Document statistics come from the texts
@@ -61,12 +61,12 @@ def title_pattern(title: str | None) -> re.Pattern | None:
 
 
 def named(titles: Sequence[str | None], body: Callable[[int], str], best: Sequence[float | None],
-          items: int = 2) -> list[bool]:
+          items: int = 2, also: Iterable[int] = ()) -> list[bool]:
     """Per item: whether one of the ``items`` items with the highest ``best`` score (None: not
-    ranked), other than itself, names it (:func:`title_pattern`) in its body (``body(i)``, asked
-    of those best items only)."""
+    ranked) or of ``also``, other than itself, names it (:func:`title_pattern`) in its body
+    (``body(i)``, asked of those items only)."""
     top = sorted((i for i, b in enumerate(best) if b is not None), key=lambda i: -best[i])[:items]
-    texts = {i: body(i).lower() for i in top}
+    texts = {i: body(i).lower() for i in {*top, *also}}
     patterns = [title_pattern(t) for t in titles]
     return [p is not None and any(p.search(text) for i, text in texts.items() if i != j)
             for j, p in enumerate(patterns)]

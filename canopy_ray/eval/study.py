@@ -12,14 +12,16 @@ times BM25 scaled to [0, 1] within the question); ``tuned+bm25:0.8+prf:w`` adds 
 the question expanded by the best leaf of each of the two best items (pseudo-relevance feedback,
 for the second hop of a multi-hop question); ``tuned+bm25:0.4+len:beta`` adds beta times the log
 of the node's words (:func:`log_words`); ``tuned+bm25:0.4+link:w`` adds w to every node of an item
-that one of the two best items names (``link1``: the best one; :func:`link_terms`, as
-``refinement.link``); ``+title:w`` adds w to every node of an item the question names by title
-(:func:`canopy_ray.core.lexical.titled`, as ``refinement.title``; before ``link``, it lifts a
-bridge question's first paragraph among the best items, whose text names the second); with ``--cross DIR`` also ``cross`` (the
-cross-encoder node scorer of :mod:`canopy_ray.train.cross`, a probability) alone, with BM25,
-added to ``tuned+bm25:0.8``, and added to ``tuned+bm25:0.4+link:0.2`` and to the shipped
+that one of the two best items names (``link1``: the best one; :func:`link_terms`); ``qlink``
+reads the items the question names by title too (as ``refinement.link``: a bridge question's first
+paragraph names the second, wherever it ranks); ``+title:w`` adds w to every node of an item the
+question names by title (:func:`canopy_ray.core.lexical.titled`, as ``refinement.title``; before
+the link term, it lifts that first paragraph among the best items); with ``--cross DIR`` also
+``cross`` (the cross-encoder node scorer of :mod:`canopy_ray.train.cross`, a probability) alone,
+with BM25, added to ``tuned+bm25:0.8``, and added to ``tuned+bm25:0.4+link:0.2`` and to
 ``tuned+bm25:0.4+title:0.1+link:0.2`` (the link term then ranks items by the sum, as
-``refinement.cross`` and ``refinement.link`` do together):
+``refinement.cross`` and ``refinement.link`` do together; these rows read the two best items only,
+so a config with a cross-encoder matches no row):
 
 - ``canopy m``: Algorithm 1 at margin m (:func:`canopy_ray.core.refine.refine`);
 - ``gate m/d``: refinement at margin m, then an item whose best visited node scores below the
@@ -136,18 +138,17 @@ def item_texts(trees: list[ItemTree], rec: dict) -> dict:
             "leaf": [tuple(span) in leaves[i] for i, span in rec["nodes"]]}
 
 
-def link_terms(rec: dict, s: np.ndarray, items: int) -> list[float]:
+def link_terms(rec: dict, s: np.ndarray, items: int, also=()) -> list[float]:
     """1 for every node of an item that one of the ``items`` best items (by ``s``, their best leaf)
-    names (:func:`canopy_ray.core.lexical.named`), else 0."""
+    or of ``also`` names (:func:`canopy_ray.core.lexical.named`), else 0."""
     best = best_of(len(rec["titles"]), ((i, v) for (i, _), v, leaf in zip(rec["nodes"], s, rec["leaf"]) if leaf))
-    hit = named(rec["titles"], rec["bodies"].__getitem__, best, items)
+    hit = named(rec["titles"], rec["bodies"].__getitem__, best, items, also)
     return [float(hit[i]) for i, _ in rec["nodes"]]
 
 
-def title_terms(question: str, rec: dict) -> list[float]:
-    """1 for every node of an item the question names by title (:func:`titled`), else 0."""
-    hit = titled(rec["titles"], question)
-    return [float(hit[i]) for i, _ in rec["nodes"]]
+def title_terms(rec: dict) -> list[float]:
+    """1 for every node of an item the question names by title (``rec["titled"]``), else 0."""
+    return [float(i in rec["titled"]) for i, _ in rec["nodes"]]
 
 
 def log_words(trees: list[ItemTree], rec: dict) -> list[float]:
@@ -164,6 +165,8 @@ def node_scores(rec: dict, scorer: str, n_items: int) -> list[dict[Span, float]]
         name, _, w = term.partition(":")
         if name.startswith("link"):  # the items the best ones (by the terms before it) name
             term = link_terms(rec, s, int(name[4:] or 2))
+        elif name == "qlink":  # and those the items the question names by title name
+            term = link_terms(rec, s, 2, rec["titled"])
         else:
             term = scaled(rec["bm25"]) if name == "bm25" else rec[name]
         s = s + float(w) * np.asarray(term, float)
@@ -250,7 +253,8 @@ SCORERS = ("f0", "f0+bm25:0.4",
            "tuned+bm25:0.4+len:-0.04", "tuned+bm25:0.4+len:-0.02", "tuned+bm25:0.4+len:0.02", "tuned+bm25:0.4+len:0.04",
            "tuned+bm25:0.4+link1:0.2", "tuned+bm25:0.4+link:0.1", "tuned+bm25:0.4+link:0.2", "tuned+bm25:0.4+link:0.4",
            "tuned+bm25:0.4+title:0.1", "tuned+bm25:0.4+title:0.1+link:0.2", "tuned+bm25:0.4+title:0.2+link:0.2",
-           "tuned+bm25:0.4+title:0.4+link:0.2")
+           "tuned+bm25:0.4+title:0.4+link:0.2",
+           "tuned+bm25:0.4+qlink:0.2", "tuned+bm25:0.4+title:0.1+qlink:0.2", "tuned+bm25:0.4+title:0.2+qlink:0.2")
 CROSS = ("cross", "cross+bm25:0.2", "cross+bm25:0.4", "cross+bm25:0.8",
          "tuned+bm25:0.8+cross:0.2", "tuned+bm25:0.8+cross:0.4",
          "tuned+bm25:0.4+cross:0.2+link:0.2", "tuned+bm25:0.4+cross:0.4+link:0.2",
@@ -277,7 +281,7 @@ def shipped(cfg) -> tuple[str, str]:
     if r.mode == "canopy":
         return "tuned", f"canopy {cfg.margin:g}"
     scorer = "tuned" + (f"+bm25:{r.lexical:g}" if r.lexical else "") + (f"+cross:{r.cross:g}" if r.cross else "") \
-        + (f"+title:{r.title:g}" if r.title else "") + (f"+link:{r.link:g}" if r.link else "")
+        + (f"+title:{r.title:g}" if r.title else "") + (f"+qlink:{r.link:g}" if r.link else "")
     policy = f"{'lead' if r.lead else 'hybrid'} {r.share:g}" + (f"/{r.fallback:g}" if r.fallback else "")
     if r.cutoff is None:
         return scorer, policy
@@ -363,7 +367,8 @@ def main(argv=None) -> int:
             for q, ts, rec in zip(es.questions, trees, recs):
                 rec["prf"], rec["len"] = feedback(q.question, ts, rec), log_words(ts, rec)
                 rec.update(item_texts(ts, rec))
-                rec["title"] = title_terms(q.question, rec)
+                rec["titled"] = [i for i, hit in enumerate(titled(rec["titles"], q.question)) if hit]
+                rec["title"] = title_terms(rec)
             if cross is not None:
                 cross_scores(es.questions, trees, recs, cross, work / f"{s}-{split}-{cross.adapter_id.replace(':', '-')}.json")
             whole = evaluate("whole", "tuned", es.questions, trees, recs, count)

@@ -86,6 +86,7 @@ def _options(cfg: CanopyConfig, limits: tuple[int, int]) -> dict:
     return dict(ray_actor_options={"num_cpus": s.replica_cpus}, max_ongoing_requests=limits[0],
                 max_queued_requests=limits[1], health_check_period_s=s.health_check_period_s,
                 health_check_timeout_s=s.health_check_timeout_s,
+                graceful_shutdown_wait_loop_s=s.graceful_shutdown_wait_loop_s,
                 backpressure_config=BackpressureConfig(status_code=s.overload_status, retry_after_s=s.retry_after_s))
 
 

@@ -32,6 +32,8 @@ def test_named_items_are_those_the_two_best_name_as_whole_words():
     assert named(titles, bodies.__getitem__, best, items=1) == [False, True, False, False, False, False]
     assert named(["Lagos"], ["Lagos is a city."].__getitem__, [0.5]) == [False]  # never by itself
     assert named(titles, bodies.__getitem__, [None] * 6) == [False] * 6
+    # item 5 (third, not among the two best) read too, as an item the question names: it names Chris Summers
+    assert named(titles, bodies.__getitem__, best, also=[5]) == [True, True, False, False, False, False]
 
 
 def test_titled_items_are_those_the_query_names_as_whole_words():

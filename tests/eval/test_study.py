@@ -8,6 +8,19 @@ REC = {"nodes": [[0, [0, 2]], [0, [0, 1]], [1, [0, 1]]], "tuned": [0.5, 0.4, 0.3
        "cross": [0.9, 0.1, 0.2]}
 
 
+def test_qlink_reads_the_items_the_question_names_and_link_the_two_best_only():
+    from canopy_ray.eval.study import title_terms
+
+    rec = {"nodes": [[i, [0, 1]] for i in range(4)], "tuned": [0.9, 0.8, 0.1, 0.0], "leaf": [True] * 4,
+           "titles": ["Alpha One", "Beta Two", "Gamma Three", "Delta Four"],
+           "bodies": ["Nothing here.", "Nor here.", "Gamma Three stands by Delta Four.", "A place."],
+           "titled": [2]}  # the question names Gamma Three, which ranks third
+    assert title_terms(rec) == [0.0, 0.0, 1.0, 0.0]
+    assert node_scores(rec, "tuned+link:0.2", 4)[3] == {(0, 1): pytest.approx(0.0)}
+    assert node_scores(rec, "tuned+qlink:0.2", 4)[3] == {(0, 1): pytest.approx(0.2)}
+    assert node_scores(rec, "tuned+qlink:0.2", 4)[2] == {(0, 1): pytest.approx(0.1)}  # never by itself
+
+
 def test_a_scorer_adds_each_named_term_by_its_weight():
     lex = scaled(REC["bm25"])
     got = node_scores(REC, "tuned+bm25:0.8+cross:0.4", 2)
@@ -22,7 +35,7 @@ def test_the_shipped_config_is_named_as_the_study_names_policies():
     from canopy_ray.eval.study import POLICIES, SCORERS, shipped
 
     scorer, policy = shipped(load_config())
-    assert (scorer, policy) == ("tuned+bm25:0.4+title:0.1+link:0.2", "cut 0.8/0.4")
+    assert (scorer, policy) == ("tuned+bm25:0.4+title:0.1+qlink:0.2", "cut 0.8/0.4")
     assert scorer in SCORERS and policy in POLICIES
     cfg = load_config(None, refinement={"mode": "hybrid", "share": 0.5, "lead": False, "lexical": 0.8, "cross": 0.4,
                                         "title": 0, "link": 0, "cutoff": None},

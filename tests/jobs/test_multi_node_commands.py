@@ -210,6 +210,7 @@ def test_multi_node_commands_as_documented():
         assert any(c.startswith("serve deploy") for c in script) and any(c.startswith("curl") for c in script)
         out = run_in_own_pids(script, work, 900, SHARED=str(shared), HEAD_IP="127.0.0.1", HOME=str(work / "home"),
                               CANOPY_CACHE_DIR=str(default_cache_dir()), OMP_NUM_THREADS="1",
+                              RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.25",  # as tests/conftest.py sets it
                               TOKENIZERS_PARALLELISM="false")
         assert out.count("succeeded") >= 2, out[-3000:]  # the index job and the training job
 

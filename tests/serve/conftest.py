@@ -27,7 +27,8 @@ def cfg(ray_local, tmp_path_factory):
     index_dir = tmp_path_factory.mktemp("index")
     run_index(load_config(CPU_YAML), FIXTURES / "corpus.jsonl", index_dir, media_root=FIXTURES, progress=False)
     return load_config(CPU_YAML, serve={"index_dir": str(index_dir), "media_root": str(FIXTURES),
-                                        "port": free_port(), "max_items": 8, "max_body_bytes": 20_000},
+                                        "port": free_port(), "max_items": 8, "max_body_bytes": 20_000,
+                                        "graceful_shutdown_wait_loop_s": 0.2},  # idle replicas stop sooner
                        retrieval={"k": 3}, critic={"rounds": 2, "reader_token_cap": 2048})
 
 
