@@ -30,22 +30,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import canopy_ray.eval.study as st
     from canopy_ray.config import load_config
-    from canopy_ray.core.files import digest
-    from canopy_ray.core.lexical import titled
-    from canopy_ray.eval.runs import load_eval_set
     from canopy_ray.models.encoder import build_encoder
     from canopy_ray.models.llm.tokens import token_counter
 
     cfg = load_config(args.config)
     encoder, count = build_encoder(cfg.models), token_counter(cfg.llm)
-    d = Path(args.data) / args.set
-    es = load_eval_set(args.set, d / "questions.jsonl", d / "corpus.jsonl", split="train")
-    recs = st.score_set(es, encoder, Path(args.work) / f"{args.set}-train-{digest([encoder.model_id, encoder.adapter_id], 12)}.json")
-    trees = [st.trees_of(q, es.items) for q in es.questions]
-    for q, ts, rec in zip(es.questions, trees, recs):
-        rec.update(st.item_texts(ts, rec))
-        rec["titled"] = [i for i, hit in enumerate(titled(rec["titles"], q.question)) if hit]
-        rec["title"] = st.title_terms(rec)
+    es, trees, recs = st.prepared(args.set, "train", Path(args.data), Path(args.work), encoder)
     whole = st.evaluate("whole", "tuned", es.questions, trees, recs, count)
     lines = [f"# {args.set}, train split ({len(es.questions)} questions), policy {POLICY}", "",
              f"`python benchmarks/train_split.py --set {args.set}` (adapter `{encoder.adapter_id}`, trained on these "

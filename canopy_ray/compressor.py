@@ -56,9 +56,9 @@ class CompressOptions:
     ``margin`` the refinement margin (:mod:`canopy_ray.core.refine`), ``share`` the hybrid's
     share and ``gate`` the item gate (``inf``: off), ``refinement`` what ``canopy`` runs
     (``canopy``: Algorithm 1, ``hybrid``); None: the compressor's. ``query`` is the
-    query's text, for BM25 and the title term beside the cosine (``Compressor.lexical``, ``title``). Serve's Refiner also reads
-    ``node_encoder`` (``tuned`` f_theta or ``frozen`` f0) and ``use_store`` (take cached
-    node vectors from the index: only for items that came from it).
+    query's text, for BM25 and the title term beside the cosine (``Compressor.lexical``,
+    ``title``). Serve's Refiner also reads ``node_encoder`` (``tuned`` f_theta or ``frozen`` f0)
+    and ``use_store`` (take cached node vectors from the index: only for items that came from it).
     """
 
     branching: int | None = None

@@ -151,6 +151,24 @@ def title_terms(rec: dict) -> list[float]:
     return [float(i in rec["titled"]) for i, _ in rec["nodes"]]
 
 
+def prepared(name: str, split: str, data: Path, work: Path, encoder) -> tuple:
+    """A data set's split, every node scored (cached at ``work`` under the encoder's identity:
+    another adapter scores afresh), its trees (built once: every policy replays them) and the
+    terms :func:`node_scores` adds."""
+    from canopy_ray.eval.runs import load_eval_set
+
+    d = data / name
+    es = load_eval_set(name, d / "questions.jsonl", d / "corpus.jsonl", split=split)
+    recs = score_set(es, encoder, work / f"{name}-{split}-{digest([encoder.model_id, encoder.adapter_id], 12)}.json")
+    trees = [trees_of(q, es.items) for q in es.questions]
+    for q, ts, rec in zip(es.questions, trees, recs):
+        rec["prf"], rec["len"] = feedback(q.question, ts, rec), log_words(ts, rec)
+        rec.update(item_texts(ts, rec))
+        rec["titled"] = [i for i, hit in enumerate(titled(rec["titles"], q.question)) if hit]
+        rec["title"] = title_terms(rec)
+    return es, trees, recs
+
+
 def log_words(trees: list[ItemTree], rec: dict) -> list[float]:
     """log(words) of every node's text: ``+len:beta`` lets a (longer) parent win more of its
     comparisons with its children when beta > 0, and fewer when beta < 0."""
@@ -342,7 +360,6 @@ def main(argv=None) -> int:
     ap.add_argument("--tables", action="store_true", help="only write the tables from the results in --work")
     args = ap.parse_args(argv)
     from canopy_ray.config import load_config
-    from canopy_ray.eval.runs import load_eval_set
     from canopy_ray.models.encoder import build_encoder
     from canopy_ray.models.llm.tokens import token_counter
 
@@ -354,22 +371,12 @@ def main(argv=None) -> int:
         from canopy_ray.models.cross import CrossScorer
 
         cross = CrossScorer(args.cross, max_length=cfg.models.max_length)
-    scorer_id = digest([encoder.model_id, encoder.adapter_id], 12)
     work = Path(args.work)
     for split in [] if args.tables else [args.split] if args.split else ["validation", "test"]:
         res = {}
         for s in SETS:
-            d = Path(args.data) / s
-            es = load_eval_set(s, d / "questions.jsonl", d / "corpus.jsonl", split=split)
-            # caches named by the scorers' identities: another adapter or cross-encoder scores afresh
-            recs = score_set(es, encoder, work / f"{s}-{split}-{scorer_id}.json")
-            trees = [trees_of(q, es.items) for q in es.questions]  # built once: every policy replays them
-            for q, ts, rec in zip(es.questions, trees, recs):
-                rec["prf"], rec["len"] = feedback(q.question, ts, rec), log_words(ts, rec)
-                rec.update(item_texts(ts, rec))
-                rec["titled"] = [i for i, hit in enumerate(titled(rec["titles"], q.question)) if hit]
-                rec["title"] = title_terms(rec)
-            if cross is not None:
+            es, trees, recs = prepared(s, split, Path(args.data), work, encoder)
+            if cross is not None:  # cached under its identity too
                 cross_scores(es.questions, trees, recs, cross, work / f"{s}-{split}-{cross.adapter_id.replace(':', '-')}.json")
             whole = evaluate("whole", "tuned", es.questions, trees, recs, count)
             res[s] = [{"scorer": sc, "policy": p, **summary(evaluate(p, sc, es.questions, trees, recs, count), whole)}

@@ -40,7 +40,8 @@ def test_two_workers_on_two_nodes_train_as_one_through_a_node_loss(tiny_bert_dir
     with LocalCluster(workers=3, worker_cpus=1, health_check_s=(1.0, 5), node_env=poll) as cluster:
         # the 1-worker run, the reference, checkpoints only at its end: each checkpoint waits for a poll
         one = train_on_cluster(cluster, tmp_path / "w1.log", name="w1", out=tmp_path / "adapter1",
-                               **{**common, "every": steps}, overrides={**overrides, "training": {**overrides["training"], "workers": 1}})
+                               **{**common, "every": steps},
+                               overrides={**overrides, "training": {**overrides["training"], "workers": 1}})
         two = train_with_node_loss(cluster, tmp_path / "w2.log", name="w2", out=tmp_path / "adapter2",
                                    after_step=every, **common,
                                    overrides={**overrides, "training": {**overrides["training"], "workers": 2}})
