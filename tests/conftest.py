@@ -11,6 +11,18 @@ os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.25"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the tokenizers' threads and a later fork do not mix
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """Each test leaves torch's thread count as it found it: a Ray Data callable built in the test
+    process (the sweep's PointWorker) sets one thread, as its actor should, and would otherwise
+    run every later test's models on one core."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def minilm():
     from canopy_ray.models.encoder import TextEncoder

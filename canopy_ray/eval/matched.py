@@ -9,12 +9,17 @@ critic trajectory) and give every item exactly the tokens CANOPY's evidence for 
 - ``random``: the item's leaves in a seeded random order (seed, question id, item id);
 - ``flat``: the item's leaves by f_theta score (every leaf scored, as the ``flat`` method).
 
-Filling is greedy: a leaf is kept when the item's evidence with it still counts at most the
-budget, otherwise skipped; then one more leaf is added when that brings the count closer to the
-budget (over it). So an item's tokens differ from CANOPY's by less than one leaf, on either side,
-and no single leaf more would bring them closer (the pieces render with one title, and a gap
-marker between non-adjacent leaves). Items kept whole by CANOPY (aggregation tables) have the
-whole item as budget and stay whole.
+``random_total`` fixes only the question's budget: the leaves of all the round's items in one
+seeded random order (seed, question id, round), filling the tokens CANOPY kept of them together;
+an item no leaf is drawn from is left out. It is the usual random control; ``random`` is the
+stricter one, as it keeps CANOPY's choice of items and of how much of each.
+
+Filling is greedy: a leaf is kept when the evidence with it still counts at most the budget,
+otherwise skipped; then one more leaf is added when that brings the count closer to the budget
+(over it). So the tokens differ from CANOPY's by less than one leaf, on either side, and no
+single leaf more would bring them closer (the pieces render with one title, and a gap marker
+between non-adjacent leaves). Items kept whole by CANOPY (aggregation tables) have the whole
+item as budget and stay whole (``random``, ``flat``).
 """
 
 from __future__ import annotations
@@ -30,23 +35,37 @@ from canopy_ray.core.evidence import TokenCounter, piece, render
 from canopy_ray.core.hierarchy import ItemTree, Span
 from canopy_ray.models.llm.roles import Critique, Outcome, RoleCall, arun_role
 
-KINDS = ("random", "flat")
+KINDS = ("random", "flat", "random_total")
 
 
 def fill_budget(tree: ItemTree, order: Sequence[Span], budget: int, count_tokens: TokenCounter) -> list[Span]:
     """Leaves taken in ``order`` while the item's rendered evidence stays within ``budget``;
     then the first leaf in ``order`` that brings the count closer to the budget (over it), so
     the tokens match the budget as closely as one more leaf can, on either side."""
-    kept: list[Span] = []
-    for leaf in order:
-        trial = kept + [leaf]
-        if count_tokens(render(tree, trial)) <= budget:
-            kept = trial
-    gap = budget - count_tokens(render(tree, kept))
-    for leaf in order:
-        if gap > 0 and leaf not in kept and count_tokens(render(tree, kept + [leaf])) - budget < gap:
-            return sorted(kept + [leaf])
-    return sorted(kept)
+    return _fill([lambda kept: count_tokens(render(tree, kept))], [(0, leaf) for leaf in order], budget)[0]
+
+
+def fill_total(trees: Sequence[ItemTree], order: Sequence[tuple[int, Span]], budget: int,
+               count_tokens: TokenCounter) -> list[list[Span]]:
+    """:func:`fill_budget` over several items at once: ``order`` holds (item index, leaf), and
+    the budget bounds their evidence together; an item with no leaf kept costs nothing."""
+    costs = [lambda kept, t=t: count_tokens(render(t, kept)) if kept else 0 for t in trees]
+    return _fill(costs, order, budget)
+
+
+def _fill(costs, order: Sequence[tuple[int, Span]], budget: int) -> list[list[Span]]:
+    kept: list[list[Span]] = [[] for _ in costs]
+    spent = [cost([]) for cost in costs]
+    for i, leaf in order:
+        trial = costs[i](kept[i] + [leaf])
+        if sum(spent) - spent[i] + trial <= budget:
+            kept[i], spent[i] = kept[i] + [leaf], trial
+    gap = budget - sum(spent)
+    for i, leaf in order:
+        if gap > 0 and leaf not in kept[i] and sum(spent) - spent[i] + costs[i](kept[i] + [leaf]) - budget < gap:
+            kept[i] = kept[i] + [leaf]
+            break
+    return [sorted(k) for k in kept]
 
 
 def leaves(tree: ItemTree) -> list[Span]:
@@ -78,7 +97,8 @@ def budget_result(tree: ItemTree, kept: Sequence[Span], scores: Mapping[Span, fl
 
 def matched_results(kind: str, compressor: Compressor, query_vec: np.ndarray, items: Sequence,
                     opts: CompressOptions, budgets: Mapping[str, int], seed: int, question_id: str) -> list[ItemResult]:
-    """Each item cut to ``budgets[item.id]`` tokens by ``kind`` (random or f_theta order)."""
+    """Each item cut to ``budgets[item.id]`` tokens by ``kind`` (random or f_theta order), or, for
+    ``random_total``, random leaves of all the items within the sum of their budgets."""
     if kind not in KINDS:
         raise ValueError(f"matched kind must be one of {KINDS}, got {kind!r}")
     count = compressor.count_tokens
@@ -88,11 +108,16 @@ def matched_results(kind: str, compressor: Compressor, query_vec: np.ndarray, it
         return [replace(budget_result(r.tree, fill_budget(r.tree, score_order(r.tree, r.scores), budgets[r.id], count),
                                       r.scores, count, opts.round), encoded=r.encoded, encoded_tokens=r.encoded_tokens)
                 for r in scored]
-    out = []
-    for tree in compressor.trees(items, opts):
-        order = random_order(tree, item_seed(seed, question_id, tree.item.id))
-        out.append(budget_result(tree, fill_budget(tree, order, budgets[tree.item.id], count), {}, count, opts.round))
-    return out
+    trees = compressor.trees(items, opts)
+    if kind == "random_total":
+        pool = [(i, leaf) for i, tree in enumerate(trees) for leaf in leaves(tree)]
+        rng = np.random.default_rng(item_seed(seed, question_id, f"round {opts.round}"))
+        kept = fill_total(trees, [pool[j] for j in rng.permutation(len(pool))],
+                          sum(budgets[t.item.id] for t in trees), count)
+    else:
+        kept = [fill_budget(t, random_order(t, item_seed(seed, question_id, t.item.id)), budgets[t.item.id], count)
+                for t in trees]
+    return [budget_result(t, k, {}, count, opts.round) for t, k in zip(trees, kept)]
 
 
 class ReplayBackends:

@@ -10,14 +10,16 @@
 | ``frozen`` | R | refinement | f0 (adapter off) |
 | ``random`` | CANOPY's | random leaves up to CANOPY's tokens per item | - |
 | ``flat_matched`` | CANOPY's | best leaves by f_theta up to CANOPY's tokens per item | f_theta |
+| ``random_total`` | CANOPY's | random leaves of any item up to CANOPY's tokens per question | - |
 
 Without an adapter in the config, f_theta is f0 and ``frozen`` equals ``canopy``; runs record
 the node encoder's ``adapter_id`` so a report can say so.
 
-The two *matched-budget* methods (:mod:`canopy_ray.eval.matched`) replay a CANOPY run of the
+The *matched-budget* methods (:mod:`canopy_ray.eval.matched`) replay a CANOPY run of the
 same questions and settings: the same queries and retrieved items per round, each item given
 exactly the tokens CANOPY kept of it, so they differ from CANOPY only in which parts of an item
-they keep. Their critic is not asked (its decisions are CANOPY's); the reader is.
+they keep; ``random_total`` gets only each round's total, so it also draws which items to keep.
+Their critic is not asked (its decisions are CANOPY's); the reader is.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Method:
     description: str
     overrides: dict = field(default_factory=dict)  # Settings fields fixed by the method
     frozen: bool = False  # node encoder f0 instead of f_theta
-    matched: str | None = None  # "random" | "flat": replay CANOPY at its per-item token budget
+    matched: str | None = None  # a kind of canopy_ray.eval.matched: replay CANOPY at its token budget
 
     @property
     def uses_branching(self) -> bool:
@@ -57,6 +59,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            matched="random"),
     Method("flat_matched", "CANOPY's items, best leaves by f_theta up to CANOPY's tokens per item",
            {"mode": "canopy"}, matched="flat"),
+    Method("random_total", "CANOPY's rounds, random leaves of any item up to CANOPY's tokens per question",
+           {"mode": "canopy"}, matched="random_total"),
 ]}
 
 

@@ -302,8 +302,18 @@ def _ratio(a: dict, b: dict, m: str) -> str:
     return "-" if not (y and y == y and x == x) else f"{x / y - 1:+.1%}"
 
 
+LEGEND = ("Mean [95% bootstrap interval] over questions. Answer recall: a gold answer in the body of the "
+          "reader's evidence (each item's title and a table's header row left out: every method keeps them); "
+          "an answer of one or two characters counts only as a whole number or cell, and of several gold "
+          "answers (a multi-span answer's spans too) any one counts; informative: the questions with an "
+          "answer, none yes/no, none in a shown title or table header row (n_inf of them); short: the "
+          "informative ones with a one- or two-character answer (n_short of them); with heads: over the whole "
+          "evidence, titles and header rows included. Refinement recall: micro over gold leaves shown. "
+          "Δ columns: paired differences on the same questions.")
+
+
 def pareto_markdown(runs: list[dict]) -> list[str]:
-    """Reader tokens against answer recall: one table per data set and setting."""
+    """Reader tokens against answer recall: one table per data set and setting, after one legend."""
     lines = []
     for (dataset, label), sets in _pareto_sets(runs).items():
         main, curve = sets["main"], sets["curve"]
@@ -312,15 +322,7 @@ def pareto_markdown(runs: list[dict]) -> list[str]:
         ref = next((r for r in main if r["spec"]["method"] == "no_projection"), None)
         base = next((r for r in main if r["spec"]["method"] == "canopy"), None)
         k, b = main[0]["spec"]["k"], main[0]["spec"]["branching"]
-        lines += [f"### {dataset}, {label}: reader tokens vs answer recall (k={k}, B={b})", "",
-                  "Mean [95% bootstrap interval] over questions. Answer recall: a gold answer in the body of "
-                  "the reader's evidence (each item's title and a table's header row left out: every method "
-                  "keeps them); an answer of one or two characters counts only as a whole number or cell, and "
-                  "of several gold answers (a multi-span answer's spans too) any one counts; informative: the "
-                  "questions with an answer, none yes/no, none in a shown title or table header row (n_inf of "
-                  "them); short: the informative ones with a one- or two-character answer (n_short of them); "
-                  "with heads: over the whole evidence, titles and header rows included. Refinement recall: "
-                  "micro over gold leaves shown. Δ columns: paired differences on the same questions.", ""]
+        lines += [f"### {dataset}, {label}: reader tokens vs answer recall (k={k}, B={b})", ""]
         inf, short = "answer_recall_informative", "answer_recall_short"
         cols = ["method", "n", "reader tokens", "answer recall", "n_inf", "answer recall, informative",
                 "n_short", "short answers", "with heads", "refinement recall", "evidence recall", "EM", "F1"]
@@ -352,7 +354,8 @@ def pareto_markdown(runs: list[dict]) -> list[str]:
                     for r in curve]
             lines += _table(["k", "B", "reader tokens", "answer recall", "informative", "evidence recall"],
                             rows) + [""]
-    return lines
+    return [LEGEND, ""] + lines if lines else []
+
 
 
 def plot_pareto(runs: list[dict], out: Path) -> list[Path]:
@@ -410,7 +413,8 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
              "gold counting as missed, averaged per question; retrieval recall: gold items retrieved; reader "
              "tokens: the reader's evidence in the reader's tokens (each run's `spec.tokens_in`); encoded "
              "tokens: what the node encoder read to compress it. `random` and `flat_matched` replay CANOPY's "
-             "run with each item cut to CANOPY's tokens for it (random leaves; best leaves by f_theta).", ""]
+             "run with each item cut to CANOPY's tokens for it (random leaves; best leaves by f_theta); "
+             "`random_total` with random leaves of any item up to CANOPY's tokens for the question.", ""]
     pareto = pareto_markdown(runs)
     if pareto:
         lines += ["## Reader tokens vs answer recall", ""] + pareto

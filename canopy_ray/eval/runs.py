@@ -349,6 +349,8 @@ class Runner:
         return MemoryRetriever(items, self.encoder, self.compressor(False))
 
     def _reference_key(self, eval_set: EvalSet, settings: Settings, setting: str, index) -> tuple:
+        if setting == "open" and index is None:  # the runner's own, as arun searches it
+            index = self.index
         return (eval_set.name, eval_set.ids_digest, dataclasses.replace(settings, mode="canopy"), setting,
                 id(index) if setting == "open" else None)
 

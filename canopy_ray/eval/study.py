@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -371,6 +372,7 @@ def main(argv=None) -> int:
         from canopy_ray.models.cross import CrossScorer
 
         cross = CrossScorer(args.cross, max_length=cfg.models.max_length)
+    scorers = {"tuned": encoder.adapter_id, "cross": cross.adapter_id if cross else None}
     work = Path(args.work)
     for split in [] if args.tables else [args.split] if args.split else ["validation", "test"]:
         res = {}
@@ -382,12 +384,17 @@ def main(argv=None) -> int:
             res[s] = [{"scorer": sc, "policy": p, **summary(evaluate(p, sc, es.questions, trees, recs, count), whole)}
                       for sc in SCORERS + (CROSS if cross else ()) for p in POLICIES]
             print(f"{split} {s}: {len(es.questions)} questions", flush=True)
-        (work / f"results-{split}.json").write_text(json.dumps(res))
+        (work / f"results-{split}.json").write_text(json.dumps({"scorers": scorers, "sets": res}))
     if not all((work / f"results-{split}.json").is_file() for split in ("validation", "test")):
         return 0
-    results = {split: {s: {(r["scorer"], r["policy"]): r for r in rows} for s, rows in
-                       json.loads((work / f"results-{split}.json").read_text()).items()}
-               for split in ("validation", "test")}
+    saved = {split: json.loads((work / f"results-{split}.json").read_text()) for split in ("validation", "test")}
+    for split, got in saved.items():  # both splits' tables from the scorers asked for now
+        if got.get("scorers") != scorers:
+            print(f"error: {work / f'results-{split}.json'} was replayed with scorers {got.get('scorers')}, not "
+                  f"{scorers}: replay it (--split {split}) or give its --adapter / --cross", file=sys.stderr)
+            return 2
+    results = {split: {s: {(r["scorer"], r["policy"]): r for r in rows} for s, rows in got["sets"].items()}
+               for split, got in saved.items()}
     chosen, ship = choose(results["validation"]), shipped(cfg)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -25,3 +25,20 @@ def random_adapter(tmp_path_factory):
             if "lora_B" in name:
                 p.normal_(0.0, 0.05)
     return save_adapter(model, tmp_path_factory.mktemp("random-adapter"))
+
+
+@pytest.fixture(scope="package")
+def tiny_index(ray_local, tmp_path_factory):
+    """The tiny corpus indexed by the Ray Data job (one flat shard), for the open setting."""
+    from ray import cloudpickle
+
+    from canopy_ray.config import load_config
+    from canopy_ray.indexer import run_index
+    from tests.eval import scripted
+
+    cloudpickle.register_pickle_by_value(scripted)  # Ray workers need not import tests/
+    out = tmp_path_factory.mktemp("index")
+    cfg = load_config(None, retrieval={"shards": 1, "index_type": "flat"},
+                      index={"actors": 1, "shard_items": 10, "batch_items": 8})
+    run_index(cfg, CORPUS, out, progress=False)
+    return out

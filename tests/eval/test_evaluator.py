@@ -68,3 +68,18 @@ def test_matched_methods_replay_a_saved_canopy_run(minilm, tmp_path):
     with pytest.raises(ValueError, match="k: 10 != 3"):  # made with other settings: refused
         evaluate(cfg, QUESTIONS, CORPUS, methods="random", n=3, k=3, client=ScriptedClient(), encoder=minilm,
                  reference=ref)
+
+
+@pytest.mark.integration
+def test_matched_methods_replay_a_saved_canopy_run_in_the_open_setting(minilm, tiny_index, tmp_path):
+    """The saved run is replayed there too (not a CANOPY run made again, critic and all)."""
+    cfg = load_config(None)
+    first = evaluate(cfg, QUESTIONS, setting="open", index=tiny_index, methods="canopy", n=3, out=tmp_path / "a",
+                     client=ScriptedClient(), encoder=minilm)
+    client = ScriptedClient()
+    again = evaluate(cfg, QUESTIONS, setting="open", index=tiny_index, methods="random_total", n=3,
+                     out=tmp_path / "b", client=client, encoder=minilm, reference=tmp_path / "a" / "eval_canopy.json")
+    rec = again["runs"]["random_total"]["records"]
+    assert client.calls == sum(r["llm_calls"] for r in rec) and all("critic" not in r["llm_calls_by_role"] for r in rec)
+    assert any(r["llm_calls_by_role"].get("critic") for r in first["runs"]["canopy"]["records"])
+    assert [r["retrieved"] for r in rec] == [r["retrieved"] for r in first["runs"]["canopy"]["records"]]

@@ -1,14 +1,15 @@
 """Matched-budget baselines: every item within one leaf of CANOPY's tokens for it and as close
 as one leaf can get, random leaves seeded per (seed, question, item), flat_matched in f_theta
-order."""
+order; random_total within one leaf of the question's tokens, items drawn too."""
 
+import numpy as np
 import pytest
 
 from canopy_ray.compressor import CompressOptions, Compressor
 from canopy_ray.core.evidence import count_words, render
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import TableItem, TextItem
-from canopy_ray.eval.matched import (KINDS, fill_budget, item_seed, leaves, matched_results, random_order,
+from canopy_ray.eval.matched import (fill_budget, fill_total, item_seed, leaves, matched_results, random_order,
                                      score_order)
 
 SENTENCES = ["Tulsa lies on the Arkansas River.", "It is the second largest city in Oklahoma.",
@@ -80,7 +81,7 @@ def test_matched_results_meet_each_items_own_budget(minilm):
              TableItem("s", "Sales", ("year", "units"), tuple((str(2000 + i), str(i * 7)) for i in range(9)))]
     q = minilm.encode_queries(["When did the park open?"])[0]
     budgets = {"t": 30, "s": 14}
-    for kind in KINDS:
+    for kind in ("random", "flat"):
         results = matched_results(kind, comp, q, items, CompressOptions(branching=2), budgets, 0, "q")
         for r in results:
             assert r.tokens_after == count_words(r.evidence.text)
@@ -95,3 +96,53 @@ def test_matched_results_meet_each_items_own_budget(minilm):
     assert r.kept == [(0, 9)] and r.tokens_after == full
     with pytest.raises(ValueError):
         matched_results("bogus", comp, q, items, whole, budgets, 0, "q")
+
+
+def _total(trees, kept, count=count_words):
+    return sum(count(render(t, k)) if k else 0 for t, k in zip(trees, kept))
+
+
+def test_fill_total_fills_the_budget_of_all_items_together():
+    trees = [_tree(), build_tree(TextItem("u", "Oil", tuple(SENTENCES[3:])), branching=2)]
+    pool = [(i, leaf) for i, t in enumerate(trees) for leaf in leaves(t)]
+    for budget in range(0, _total(trees, [leaves(t) for t in trees]) + 5, 4):
+        for seed in (1, 2):
+            order = [pool[j] for j in np.random.default_rng(seed).permutation(len(pool))]
+            kept = fill_total(trees, order, budget, count_words)
+            got = _total(trees, kept)
+            unkept = [(i, leaf) for i, leaf in pool if leaf not in kept[i]]
+
+            def added(i, leaf, part):
+                return _total(trees, [sorted(k + [leaf]) if j == i else k for j, k in enumerate(part)])
+
+            for i, leaf in unkept:  # no leaf more brings the count closer to the budget
+                assert abs(added(i, leaf, kept) - budget) >= abs(got - budget)
+            if got <= budget:  # and none fits beside the kept ones
+                assert all(added(i, leaf, kept) > budget for i, leaf in unkept)
+            else:  # one leaf over the budget, added to a part that fitted
+                assert any(_total(trees, part) <= budget and got - budget < budget - _total(trees, part)
+                           for i, k in enumerate(kept) for leaf in k
+                           for part in [[[s for s in kk if s != leaf] if j == i else kk for j, kk in enumerate(kept)]])
+
+
+def test_random_total_draws_leaves_of_any_item_within_the_questions_budget(minilm):
+    comp = Compressor(minilm)
+    items = [TextItem("t", "Tulsa", tuple(SENTENCES)), TextItem("u", "Oil", tuple(SENTENCES[3:]))]
+    q = minilm.encode_queries(["When did the park open?"])[0]
+    budgets = {"t": 30, "u": 0}  # CANOPY left "u" out
+
+    def run(question_id, round=1):
+        return matched_results("random_total", comp, q, items, CompressOptions(branching=2, round=round),
+                               budgets, 0, question_id)
+
+    leaf = max(count_words(render(r.tree, [s])) for r in run("q0") for s in leaves(r.tree))
+    per_item = []
+    for n in range(8):
+        results = run(f"q{n}")
+        assert all(r.tokens_after == (count_words(r.evidence.text) if r.kept else 0) for r in results)
+        assert abs(sum(r.tokens_after for r in results) - 30) < leaf
+        per_item.append(tuple(r.tokens_after for r in results))
+    assert any(u > 0 for _, u in per_item)  # leaves drawn from the item CANOPY left out
+    assert len(set(per_item)) > 1  # seeded per question
+    assert [r.kept for r in run("q0")] == [r.kept for r in run("q0")]
+    assert any([r.kept for r in run(f"q{n}")] != [r.kept for r in run(f"q{n}", round=2)] for n in range(8))

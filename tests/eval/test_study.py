@@ -149,7 +149,8 @@ def test_cut_keeps_the_leaves_within_d_of_the_best_and_raises_them_by_the_rule()
 def test_node_scores_are_cached_per_scorer_so_another_adapter_scores_afresh(tmp_path, monkeypatch):
     """The cached node scores in ``--work`` are named by the encoder's identity and the
     cross-encoder's weights: a study of another f_theta, base model or cross-encoder never replays
-    the cached scores of an earlier one (its results-*.json still want a --work of their own)."""
+    the cached scores of an earlier one (and ``--tables`` checks which scorers both splits'
+    results-*.json were replayed with)."""
     import types
 
     import canopy_ray.eval.runs as runs
@@ -201,3 +202,24 @@ def test_node_scores_are_cached_per_scorer_so_another_adapter_scores_afresh(tmp_
         with pytest.raises(SystemExit):
             study.main(["--work", str(tmp_path), "--split", "validation", "--cross", str(path)])
     assert paths[4] != paths[5] and paths[4] == paths[6] and paths[4] not in paths[:4]
+
+
+def test_tables_refuse_a_split_replayed_with_other_scorers(tmp_path, monkeypatch, capsys):
+    """``--tables`` joins the two splits' replays only when both used the scorers asked for now."""
+    import json
+    import types
+
+    import canopy_ray.eval.study as study
+    import canopy_ray.models.encoder as encoder
+
+    monkeypatch.setattr(encoder, "build_encoder", lambda models: types.SimpleNamespace(adapter_id="lora-a"))
+    for split, adapter in (("validation", "lora-a"), ("test", "lora-b")):
+        (tmp_path / f"results-{split}.json").write_text(
+            json.dumps({"scorers": {"tuned": adapter, "cross": None}, "sets": {}}))
+    assert study.main(["--work", str(tmp_path), "--tables"]) == 2
+    assert "results-test.json was replayed with scorers {'tuned': 'lora-b'" in capsys.readouterr().err
+
+    (tmp_path / "results-test.json").write_text((tmp_path / "results-validation.json").read_text())
+    monkeypatch.setattr(study, "choose", lambda results: (_ for _ in ()).throw(SystemExit("joined")))
+    with pytest.raises(SystemExit, match="joined"):
+        study.main(["--work", str(tmp_path), "--tables"])

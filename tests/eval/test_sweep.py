@@ -16,20 +16,6 @@ from tests.eval.conftest import CORPUS, QUESTIONS, ROOT
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def tiny_index(ray_local, tmp_path_factory):
-    from ray import cloudpickle
-
-    from canopy_ray.indexer import run_index
-
-    cloudpickle.register_pickle_by_value(scripted)  # Ray workers need not import tests/
-    out = tmp_path_factory.mktemp("index")
-    cfg = load_config(None, retrieval={"shards": 1, "index_type": "flat"},
-                      index={"actors": 1, "shard_items": 10, "batch_items": 8})
-    run_index(cfg, CORPUS, out, progress=False)
-    return out
-
-
 def _spec(index: Path, branching: list[int]) -> SweepSpec:
     return SweepSpec(config="configs/cpu.yaml", setting="open", questions=3, llm_cache=True,
                      datasets={"tiny": DatasetSpec(questions=str(QUESTIONS), index=str(index))},
