@@ -28,6 +28,7 @@ from canopy_ray.eval.runs import Runner, load_eval_set, paired_differences
 
 GRID = (0.0, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.08)
 RECALL = "answer_recall_informative"
+BASELINES = ("random", "flat_matched", "random_total")  # the matched-budget methods a curve can replay
 
 
 def curve(runner: Runner, eval_set, grid: Sequence[float] = GRID, progress=None, matched: Sequence[str] = ()) -> dict:
@@ -77,19 +78,20 @@ def markdown(curves: dict, chosen: float | None, target_loss: float, adapter: st
                 f"(informative questions) within {target_loss:.3f} of `no_projection` on every set. Chosen margin: "
                 f"**{chosen}**.")
     lines = [head + " Paired differences with 95% bootstrap intervals; tokens: the reader's evidence, mean per "
-             "question. random / flat_matched (when shown): the same items, each at CANOPY's tokens for it.", ""]
+             "question. random / flat_matched (when shown): the same items, each at CANOPY's tokens for it; "
+             "random_total: random leaves of any item at CANOPY's tokens for the question.", ""]
     for name, c in curves.items():
         lines += [f"## {name} ({split}, {c['n']} questions, given setting)", "",
                   f"no_projection: {c['no_projection']['tokens']:.0f} tokens, recall (informative) "
                   f"{c['no_projection']['recall']:.3f}", "",
                   "| margin | reader tokens | saved | recall, informative | n_inf | Δ vs no_projection | Δ all questions |"
-                  + "".join(f" {b}: Δ vs no_projection |" for b in ("random", "flat_matched") if b in c["points"][0]),
-                  "|---|---|---|---|---|---|---|" + "---|" * sum(b in c["points"][0] for b in ("random", "flat_matched"))]
+                  + "".join(f" {b}: Δ vs no_projection |" for b in BASELINES if b in c["points"][0]),
+                  "|---|---|---|---|---|---|---|" + "---|" * sum(b in c["points"][0] for b in BASELINES)]
         for p in c["points"]:
             d, a = p["delta"], p["delta_all"]
             mark = " (chosen)" if p["margin"] == chosen else ""
             extra = "".join(f" {p[b]['delta']['mean']:+.3f} [{p[b]['delta']['low']:+.3f}, {p[b]['delta']['high']:+.3f}] |"
-                            for b in ("random", "flat_matched") if b in p)
+                            for b in BASELINES if b in p)
             lines.append(f"| {p['margin']}{mark} | {p['tokens']:.0f} | {p['tokens_saved']:.1%} | {p['recall']:.3f} | "
                          f"{p['n_informative']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
                          f"{a['mean']:+.3f} [{a['low']:+.3f}, {a['high']:+.3f}] |{extra}")
@@ -108,7 +110,7 @@ def plot(curves: dict, chosen: float | None, path: Path, split: str = "validatio
         ax.plot(xs, ys, "-o", color=f"C{i}", label=f"{name} canopy (n={c['n']})")
         for p, x, y in zip(c["points"], xs, ys):
             ax.annotate(f"{p['margin']:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
-        for style, base in ((":", "random"), ("--", "flat_matched")):
+        for style, base in zip((":", "--", "-."), BASELINES):
             if base in c["points"][0]:
                 ax.plot(xs, [p[base]["delta"]["mean"] for p in c["points"]], style + "x", color=f"C{i}",
                         lw=0.8, label=f"{name} {base}")

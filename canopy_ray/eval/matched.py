@@ -1,4 +1,4 @@
-"""Matched-budget baselines: CANOPY's run replayed, each item cut to CANOPY's tokens another way.
+"""Matched-budget baselines: CANOPY's run replayed, its tokens filled another way.
 
 A fixed-size baseline (``flat`` with m leaves) differs from CANOPY in tokens *and* in what it
 keeps, so a quality gap cannot be told from a budget gap. These baselines fix the budget: for
@@ -16,11 +16,10 @@ stricter one, as it keeps CANOPY's choice of items and of how much of each.
 
 Filling is greedy: a leaf is kept when the evidence with it still counts at most the budget,
 otherwise skipped; then one more leaf is added when that brings the count closer to the budget
-(over it). So the tokens differ from CANOPY's by less than one leaf, on either side, and no
-single leaf more would bring them closer (the pieces render with one title, and a gap marker
-between non-adjacent leaves). Items kept whole by CANOPY (aggregation tables) have the whole
-item as budget and stay whole (``random``, ``flat``).
-"""
+(over it). So the tokens differ from CANOPY's by less than one leaf (with its item's head, for
+``random_total``), on either side, and no single leaf more would bring them closer (the pieces
+render with one title, and a gap marker between non-adjacent leaves). Items kept whole by CANOPY
+(aggregation tables) have the whole item as budget and stay whole (``random``, ``flat``)."""
 
 from __future__ import annotations
 
@@ -48,7 +47,8 @@ def fill_budget(tree: ItemTree, order: Sequence[Span], budget: int, count_tokens
 def fill_total(trees: Sequence[ItemTree], order: Sequence[tuple[int, Span]], budget: int,
                count_tokens: TokenCounter) -> list[list[Span]]:
     """:func:`fill_budget` over several items at once: ``order`` holds (item index, leaf), and
-    the budget bounds their evidence together; an item with no leaf kept costs nothing."""
+    the budget bounds their evidence together; an item with no leaf kept costs nothing, so the
+    first leaf of an item also costs its head (title, table header row)."""
     costs = [lambda kept, t=t: count_tokens(render(t, kept)) if kept else 0 for t in trees]
     return _fill(costs, order, budget)
 

@@ -357,7 +357,6 @@ def pareto_markdown(runs: list[dict]) -> list[str]:
     return [LEGEND, ""] + lines if lines else []
 
 
-
 def plot_pareto(runs: list[dict], out: Path) -> list[Path]:
     """``pareto_<dataset>_<setting>[_margin<d>].png``: each method a point with its intervals on both axes,
     CANOPY's k x B sweep as one line per B through k."""

@@ -372,7 +372,7 @@ def main(argv=None) -> int:
         from canopy_ray.models.cross import CrossScorer
 
         cross = CrossScorer(args.cross, max_length=cfg.models.max_length)
-    scorers = {"tuned": encoder.adapter_id, "cross": cross.adapter_id if cross else None}
+    scorers = {"tuned": f"{encoder.model_id}:{encoder.adapter_id}", "cross": cross.adapter_id if cross else None}
     work = Path(args.work)
     for split in [] if args.tables else [args.split] if args.split else ["validation", "test"]:
         res = {}
@@ -390,8 +390,9 @@ def main(argv=None) -> int:
     saved = {split: json.loads((work / f"results-{split}.json").read_text()) for split in ("validation", "test")}
     for split, got in saved.items():  # both splits' tables from the scorers asked for now
         if got.get("scorers") != scorers:
-            print(f"error: {work / f'results-{split}.json'} was replayed with scorers {got.get('scorers')}, not "
-                  f"{scorers}: replay it (--split {split}) or give its --adapter / --cross", file=sys.stderr)
+            print(f"error: {work / f'results-{split}.json'} was replayed with scorers "
+                  f"{got.get('scorers', '(not recorded)')}, not {scorers}: replay it (--split {split}) or give "
+                  "its --adapter / --cross", file=sys.stderr)
             return 2
     results = {split: {s: {(r["scorer"], r["policy"]): r for r in rows} for s, rows in got["sets"].items()}
                for split, got in saved.items()}

@@ -1,5 +1,5 @@
 """Paths of the evaluation tests' tiny question set (the local Ray is the session-wide ``ray_local``),
-and an adapter that makes f_theta differ from f0."""
+its corpus indexed for the open setting, and an adapter that makes f_theta differ from f0."""
 
 from pathlib import Path
 

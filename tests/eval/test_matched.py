@@ -139,7 +139,6 @@ def test_random_total_draws_leaves_of_any_item_within_the_questions_budget(minil
     per_item = []
     for n in range(8):
         results = run(f"q{n}")
-        assert all(r.tokens_after == (count_words(r.evidence.text) if r.kept else 0) for r in results)
         assert abs(sum(r.tokens_after for r in results) - 30) < leaf
         per_item.append(tuple(r.tokens_after for r in results))
     assert any(u > 0 for _, u in per_item)  # leaves drawn from the item CANOPY left out

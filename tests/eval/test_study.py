@@ -212,12 +212,13 @@ def test_tables_refuse_a_split_replayed_with_other_scorers(tmp_path, monkeypatch
     import canopy_ray.eval.study as study
     import canopy_ray.models.encoder as encoder
 
-    monkeypatch.setattr(encoder, "build_encoder", lambda models: types.SimpleNamespace(adapter_id="lora-a"))
-    for split, adapter in (("validation", "lora-a"), ("test", "lora-b")):
+    monkeypatch.setattr(encoder, "build_encoder",
+                        lambda models: types.SimpleNamespace(model_id="minilm", adapter_id="lora-a"))
+    for split, adapter in (("validation", "minilm:lora-a"), ("test", "minilm:lora-b")):
         (tmp_path / f"results-{split}.json").write_text(
             json.dumps({"scorers": {"tuned": adapter, "cross": None}, "sets": {}}))
     assert study.main(["--work", str(tmp_path), "--tables"]) == 2
-    assert "results-test.json was replayed with scorers {'tuned': 'lora-b'" in capsys.readouterr().err
+    assert "results-test.json was replayed with scorers {'tuned': 'minilm:lora-b'" in capsys.readouterr().err
 
     (tmp_path / "results-test.json").write_text((tmp_path / "results-validation.json").read_text())
     monkeypatch.setattr(study, "choose", lambda results: (_ for _ in ()).throw(SystemExit("joined")))
