@@ -79,6 +79,10 @@ class TextEncoder:
         self.model_id = "all-MiniLM-L6-v2" if model_dir == packaged_minilm_dir() else model_dir.name
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         model = AutoModel.from_pretrained(model_dir, local_files_only=True)
+        # f0 for queries from a plain copy when f_theta runs merged: through the PEFT model with its
+        # adapter disabled a query cost twice a node's forward (the LoRA wrappers and their toggling)
+        merged = bool(adapter) and merge_adapter and backend == "torch"
+        self.query_model = copy.deepcopy(model).to(device).eval() if merged else None
         if adapter:
             from peft import PeftModel
 
@@ -182,6 +186,8 @@ class TextEncoder:
         model, ctx = self.model, contextlib.nullcontext()
         if use_adapter and self.node_model is not None:
             model = self.node_model
+        elif not use_adapter and self.query_model is not None:
+            model = self.query_model
         elif self.has_adapter and not use_adapter:
             ctx = self.model.disable_adapter()
         with ctx:

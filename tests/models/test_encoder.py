@@ -66,6 +66,8 @@ def test_trained_lora_changes_nodes_only(f0, tmp_path):
     assert enc.node_model is not None
     unmerged = TextEncoder(adapter=adapter, merge_adapter=False)
     assert unmerged.node_model is None
+    # with a merged f_theta, f0 runs on a plain copy (no PEFT wrappers); the same vectors as above
+    assert enc.query_model is not None and unmerged.query_model is None
     np.testing.assert_allclose(enc.encode_nodes(pieces(TEXTS)), unmerged.encode_nodes(pieces(TEXTS)), atol=1e-5)
     np.testing.assert_allclose(unmerged.encode_queries(TEXTS), ref, atol=1e-5)
 
