@@ -10,8 +10,9 @@ of every metric with its 95% bootstrap interval) is written to ``OUT/<dataset>_<
 (or to ``OUT`` itself when it ends in ``.json`` and there is one method); with several
 methods and ``canopy`` among them, ``comparison.json`` holds the paired differences against
 it. Methods run one after the other in this process, each file written as its run ends,
-``canopy`` first: the matched-budget methods (``random``, ``flat_matched``, ``random_total``) replay its run
-(without ``canopy`` among the methods they replay a reader-free CANOPY run made for them).
+``canopy`` first: the matched-budget methods (``random``, ``flat_matched``, ``random_total``)
+replay its run (without ``canopy`` among the methods they replay a reader-free CANOPY run made
+for them).
 ``--llm-url`` points the reader and critic at an OpenAI-compatible server instead of the
 config's LLM. For many points in parallel on Ray, use :mod:`canopy_ray.eval.sweep`.
 :func:`main` is the command line (``jobs/eval.py``, ``canopy eval``).

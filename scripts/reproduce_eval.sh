@@ -8,9 +8,9 @@
 #      config's adapter, read by `refinement.margin: auto`) and the table classifier
 #      (results/bench/table_classifier_validation.md; its test report beside it);
 #   2. given setting: every test question of each set, canopy / no_projection and the matched-budget
-#      baselines (random / flat_matched / random_total), reader skipped (answer recall is reader-free): the shipped hybrid (results/eval/given-hybrid), and
-#      Algorithm 1 at the paper's margin 0 (results/eval/given) and at the adapter's calibrated margin
-#      (results/eval/given-calibrated);
+#      baselines (random / flat_matched / random_total), reader skipped (answer recall is
+#      reader-free): the shipped hybrid (results/eval/given-hybrid), and Algorithm 1 at the paper's
+#      margin 0 (results/eval/given) and at the adapter's calibrated margin (results/eval/given-calibrated);
 #   3. Algorithm 1's margin curve on 100 test questions per set, random and flat_matched at each
 #      point's budget (results/margin; nothing is chosen on test);
 #   4. open setting, shipped configuration: one index of the three corpora (runs/eval-index/all),

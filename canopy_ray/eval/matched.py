@@ -56,13 +56,14 @@ def fill_total(trees: Sequence[ItemTree], order: Sequence[tuple[int, Span]], bud
 def _fill(costs, order: Sequence[tuple[int, Span]], budget: int) -> list[list[Span]]:
     kept: list[list[Span]] = [[] for _ in costs]
     spent = [cost([]) for cost in costs]
+    total = sum(spent)
     for i, leaf in order:
-        trial = costs[i](kept[i] + [leaf])
-        if sum(spent) - spent[i] + trial <= budget:
-            kept[i], spent[i] = kept[i] + [leaf], trial
-    gap = budget - sum(spent)
+        cost = costs[i](kept[i] + [leaf])
+        if total - spent[i] + cost <= budget:
+            kept[i], total, spent[i] = kept[i] + [leaf], total - spent[i] + cost, cost
+    gap = budget - total
     for i, leaf in order:
-        if gap > 0 and leaf not in kept[i] and sum(spent) - spent[i] + costs[i](kept[i] + [leaf]) - budget < gap:
+        if gap > 0 and leaf not in kept[i] and total - spent[i] + costs[i](kept[i] + [leaf]) - budget < gap:
             kept[i] = kept[i] + [leaf]
             break
     return [sorted(k) for k in kept]

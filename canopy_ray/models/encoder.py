@@ -81,7 +81,7 @@ class TextEncoder:
         model = AutoModel.from_pretrained(model_dir, local_files_only=True)
         # f0 for queries from a plain copy when f_theta runs merged: through the PEFT model with its
         # adapter disabled a query cost twice a node's forward (the LoRA wrappers and their toggling)
-        merged = bool(adapter) and merge_adapter and backend == "torch"
+        merged = bool(adapter) and merge_adapter and backend == "torch"  # ONNX has sessions of its own
         self.query_model = copy.deepcopy(model).to(device).eval() if merged else None
         if adapter:
             from peft import PeftModel
@@ -98,8 +98,8 @@ class TextEncoder:
         # ONNX Runtime sessions for f0 and f_theta (the same one without an adapter)
         self.sessions = self._onnx_sessions(model_dir, adapter, onnx_cache) if backend != "torch" else {}
         # f_theta from a copy with the adapter merged into its weights (no LoRA branches to run);
-        # self.model stays unmerged for f0 (adapter disabled) and for training's forward()
-        self.node_model = (self._merged() if adapter and merge_adapter and not self.sessions else None)
+        # self.model stays unmerged for training's forward() (and, unmerged, for f0 with the adapter disabled)
+        self.node_model = self._merged() if merged else None
 
     def _merged(self):
         return copy.deepcopy(self.model).merge_and_unload().eval()
