@@ -172,14 +172,15 @@ SPREAD = ("QueryEncoder", "NodeEncoder", "Refiner")  # the model deployments, 2 
 
 def serve_yaml(work: Path, port: int, replicas: int = 2) -> Path:
     """A Serve config for ``serve deploy``: configs/cpu.yaml's application without an LLM
-    (/v1/compress needs none), ``replicas`` replicas of each model deployment, and the Ingress
-    beside the HTTP proxy on the head (it asks for the head's ``ingress`` resource and no CPU),
-    so that losing a worker never takes the replica that answers HTTP: every request then gets
-    JSON, a 200 or a 5xx with a reason."""
+    (/v1/compress needs none) and with a NodeEncoder deployment, ``replicas`` replicas of each
+    model deployment, and the Ingress beside the HTTP proxy on the head (it asks for the head's
+    ``ingress`` resource and no CPU), so that losing a worker never takes the replica that answers
+    HTTP: every request then gets JSON, a 200 or a 5xx with a reason."""
     import yaml
 
     cfg = yaml.safe_load((ROOT / "configs" / "cpu.yaml").read_text())
     cfg["llm"] = {"backend": "openai", "url": "http://127.0.0.1:9/v1", "model": "unused"}
+    cfg["serve"]["node_encoder"] = "deployment"  # as configs/serve-cluster.yaml: encoders scaled apart
     (work / "canopy.yaml").write_text(yaml.safe_dump(cfg))
     app = {"name": "canopy", "route_prefix": "/", "import_path": "canopy_ray.serve:build_app",
            "args": {"config": str(work / "canopy.yaml")},

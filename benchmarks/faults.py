@@ -9,7 +9,8 @@ HotpotQA test split of ``../shared/data`` when present, else the bundled sample)
 fresh server per part on 127.0.0.1 (``configs/cpu.yaml``).
 
 - ``kill``: ``--requests`` distinct /v1/compress requests at concurrency 8; after a quarter have
-  answered, one NodeEncoder replica is killed with SIGKILL (its PID from
+  answered, the replica that encodes nodes (the Refiner; the NodeEncoder with
+  ``serve.node_encoder: deployment``) is killed with SIGKILL (its PID from
   ``ray.util.state.list_actors``). Recovery: from the kill until a new request succeeds.
 - ``overload``: ``--burst`` /v1/compress requests at each ``--burst-concurrency`` (questions cycle
   when there are fewer), a fresh server for each. Recovery: from the last request sent until a new
@@ -225,15 +226,17 @@ async def kill_under_load(url: str, bodies: list[str], concurrency: int, after: 
 def kill_part(questions, n: int, hang_s: float) -> dict:
     from ray import serve
 
-    url = start(config())
+    cfg = config()
+    victim = "NodeEncoder" if cfg.serve.node_encoder == "deployment" else "Refiner"
+    url = start(cfg)
     bodies = compress_bodies(questions, n)
     asyncio.run(load(url + "/v1/compress", [probe_body() for _ in range(4)], 2, hang_s))  # warm up
-    replies, at = asyncio.run(kill_under_load(url + "/v1/compress", bodies, 8, n // 4, "NodeEncoder", probe_body,
-                                              hang_s))
+    replies, at = asyncio.run(kill_under_load(url + "/v1/compress", bodies, 8, n // 4, victim, probe_body, hang_s))
     seen = faults_seen(url)
     serve.shutdown()
     in_flight = [r for r in replies if r.sent < at["kill"] < r.done]
-    return {**tally(replies), "fault": f"NodeEncoder replica SIGKILL during {n} requests at concurrency 8",
+    return {**tally(replies), "fault": f"{victim} replica SIGKILL during {n} requests at concurrency 8",
+            "victim": victim,
             "recover_s": at["recover"], "in_flight": len(in_flight), "retried": seen.get("retried_compress", 0),
             "restarted_s": at["restarted"], "p99_before": _p99(at["before"]),
             "p99_in_flight": _p99(in_flight)}
@@ -416,7 +419,7 @@ def _part(name: str, result) -> tuple[list[str], list[str]]:
         r = result
         return ([_row(r, f"{r['in_flight']} requests in flight at the kill; {r['retried']} compress calls redone "
                          "on the restarted replica (retry)")],
-                [f"A new NodeEncoder replica was alive {_s(r['restarted_s'])} s after the kill; p99 of the "
+                [f"A new {r['victim']} replica was alive {_s(r['restarted_s'])} s after the kill; p99 of the "
                  f"requests answered before it {_s(r['p99_before'])} s, of those in flight at it "
                  f"{_s(r['p99_in_flight'])} s (they waited for the restarted replica)."])
     if name == "overload":

@@ -1,6 +1,7 @@
 """What compression costs through the Serve graph, against floors measured in the same run.
 
-    python benchmarks/serve_load.py [--questions 40] [--repeats 200] [--out results/bench/serve_load.md]
+    python benchmarks/serve_load.py [--questions 40] [--repeats 200] [--node-encoder refiner|deployment]
+                                    [--out results/bench/serve_load.md]
 
 Part ``novel``: distinct questions, each with its gold paragraphs (HotpotQA test split from
 ``../shared/data`` when present, else the bundled sample's questions), sent to
@@ -64,7 +65,7 @@ def _start(cfg_over: dict):
                              llm={"backend": "openai", "url": "http://127.0.0.1:9/v1", "model": "unused"}))
 
 
-def novel(questions: list[tuple[str, list[dict]]]) -> dict:
+def novel(questions: list[tuple[str, list[dict]]], node_encoder: str | None = None) -> dict:
     """Distinct requests at concurrency 8 on a fresh server vs the plain loop over their trees."""
     from ray import serve
 
@@ -77,7 +78,7 @@ def novel(questions: list[tuple[str, list[dict]]]) -> dict:
     trees = [build_tree(parse_item(o), cfg.hierarchy.branching) for _, objs in questions for o in objs]
     texts = [piece(t, [n.span]).text for t in trees for n in t.nodes()]
     floor = plain_sorted_loop(texts, cfg.models.max_length)
-    url = _start({})
+    url = _start({"node_encoder": node_encoder} if node_encoder else {})
     warm = json.dumps({"query": "warm up", "items": [{"id": "w", "modality": "text", "text": "Warm up. Now."}]})
     asyncio.run(_load(url + "/v1/compress", [warm] * 4, 2))
     bodies = [json.dumps({"query": q, "items": objs}) for q, objs in questions]
@@ -201,6 +202,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=200, help="requests of the repeat part")
     p.add_argument("--parts", default="novel,repeat,cache", help="novel, repeat, cache (comma list)")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
+    p.add_argument("--node-encoder", choices=("refiner", "deployment"), default=None,
+                   help="novel: serve.node_encoder (default: configs/cpu.yaml's)")
     args = p.parse_args(argv)
     import ray
 
@@ -210,7 +213,7 @@ def main(argv=None) -> int:
     results = {}
     try:
         if "novel" in parts:
-            results["novel"] = novel(questions)
+            results["novel"] = novel(questions, args.node_encoder)
             print(results["novel"], flush=True)
         if "repeat" in parts:
             results["repeat"] = repeat(questions[0], args.repeats)

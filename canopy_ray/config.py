@@ -279,13 +279,18 @@ class ServeConfig(Section):
     index_dir: str | None = Field(None, description="index for /v1/answer; None serves /v1/compress only")
     media_root: str | None = Field(None, description="image/video paths in requests must resolve under it")
     shard_replicas: bool = Field(False, description="one ShardSearcher deployment per FAISS shard")
+    node_encoder: Literal["refiner", "deployment"] = Field(
+        "refiner", description="where nodes are encoded: in the Refiner's replica (a /v1/compress request "
+        "is one call, its query encoded there too: fastest where replicas share a node's CPUs) or by the "
+        "NodeEncoder deployment (scaled apart from the Refiner, e.g. on GPU nodes)")
     max_items: int = Field(64, ge=1, description="items per /v1/compress request at most")
     max_item_chars: int = Field(200_000, ge=100, description="characters of one item's JSON at most")
     max_query_chars: int = Field(2_000, ge=10)
     max_body_bytes: int = Field(4_000_000, ge=1_000)
     query_batch_size: int = Field(32, ge=1, description="@serve.batch size of the query encoder (1 = off)")
-    node_batch_size: int = Field(8, ge=1, description="@serve.batch size (requests) of the node encoder")
-    batch_wait_s: float = Field(0.005, ge=0)
+    node_batch_size: int = Field(8, ge=1, description="@serve.batch size (requests) of the NodeEncoder deployment")
+    batch_wait_s: float = Field(0.005, ge=0, description="@serve.batch's wait for more calls; in the Refiner, "
+                                "the longest a call waits for a request busy elsewhere")
     replica_cpus: float = Field(0.25, gt=0, description="CPUs reserved per replica (6 replicas fit 2 CPUs)")
     # Failure behaviour (README): bounded queues, timeouts, retries, health checks. Each *_limits is
     # [max_ongoing_requests per replica, max_queued_requests per caller, -1 = unbounded]; a call past

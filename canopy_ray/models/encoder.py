@@ -94,6 +94,7 @@ class TextEncoder:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.max_length, self.batch_size, self.device = max_length, batch_size, device
         self.batch_tokens = batch_tokens
+        self._last_ids: tuple[tuple[str, ...], list[list[int]]] | None = None
         self.backend = backend
         # ONNX Runtime sessions for f0 and f_theta (the same one without an adapter)
         self.sessions = self._onnx_sessions(model_dir, adapter, onnx_cache) if backend != "torch" else {}
@@ -133,8 +134,15 @@ class TextEncoder:
         return {"query": query, "node": node}
 
     def _ids(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text with special tokens, truncated at ``max_length``, unpadded."""
-        return self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+        """Token ids of each text with special tokens, truncated at ``max_length``, unpadded. The
+        last call's are kept: nodes are encoded, then counted (``token_counts``), with one tokenization."""
+        texts = tuple(texts)
+        last = self._last_ids
+        if last is not None and last[0] == texts:
+            return last[1]
+        ids = self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+        self._last_ids = (texts, ids)
+        return ids
 
     def token_counts(self, pieces: Sequence[Piece]) -> list[int]:
         """Tokens each piece's text is encoded with (after truncation, special tokens included)."""

@@ -21,7 +21,7 @@ def build_app(args: dict[str, Any] | None = None):
     """The CANOPY Serve application.
 
     ``args``: ``config`` (a YAML path; default: built-in CPU defaults) plus optional
-    ``index_dir``, ``media_root``, ``adapter`` overrides. From Python::
+    ``index_dir``, ``media_root``, ``node_encoder`` (``serve.*``) and ``adapter`` overrides. From Python::
 
         from ray import serve
         from canopy_ray.serve import build_app
@@ -36,7 +36,7 @@ def build_app(args: dict[str, Any] | None = None):
     """
     args = {k: v for k, v in (args or {}).items() if v is not None}  # YAML nulls mean "not given"
     cfg = args.pop("cfg", None) or load_config(args.pop("config", None))
-    serve_over = {k: args.pop(k) for k in ("index_dir", "media_root") if k in args}
+    serve_over = {k: args.pop(k) for k in ("index_dir", "media_root", "node_encoder") if k in args}
     models_over = {k: args.pop(k) for k in ("adapter",) if k in args}
     if args:
         raise ValueError(f"unknown build_app args: {sorted(args)}")
@@ -50,7 +50,9 @@ def graph(cfg: CanopyConfig):
 
     s = cfg.serve
     query_encoder = QueryEncoder.options(**_options(cfg, s.query_encoder_limits)).bind(cfg)
-    node_encoder = NodeEncoder.options(**_options(cfg, s.node_encoder_limits)).bind(cfg)
+    node_encoder = None  # serve.node_encoder "refiner": the Refiner makes its own
+    if s.node_encoder == "deployment":
+        node_encoder = NodeEncoder.options(**_options(cfg, s.node_encoder_limits)).bind(cfg)
     refiner = Refiner.options(**_options(cfg, s.refiner_limits)).bind(cfg, node_encoder)
     searchers = None
     if s.index_dir and s.shard_replicas:  # one replica holds one shard

@@ -2,8 +2,9 @@
 
 QueryEncoder (f0, batched), NodeEncoder (f_theta or f0 over node pieces, batched),
 Retriever (FAISS search and item fetch, optionally fanning out to one ShardSearcher per
-shard), Refiner (trees, cached node vectors, refinement) and LLMServer (the local CPU
-model behind the chat-completions protocol).
+shard), Refiner (trees, cached node vectors, refinement; with ``serve.node_encoder: refiner``
+it holds the NodeEncoder's models itself) and LLMServer (the local CPU model behind the
+chat-completions protocol).
 
 The model deployments define ``check_health`` (Serve calls it every
 ``serve.health_check_period_s``; raising marks the replica unhealthy and Serve replaces it): a
@@ -15,6 +16,8 @@ dies outright (SIGKILL, OOM) is restarted by Serve without any check.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import time
 from typing import Callable, Sequence
 
@@ -103,17 +106,23 @@ class QueryEncoder:
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
     async def encode(self, texts: list[str]) -> list[np.ndarray]:
-        if self.cache is None:
-            return list(self.health.run(lambda: self.encoder.encode_queries(texts)))
-        keys = [self.cache.key(self.encoder, "query", t) for t in texts]
-        found = [self.cache.get(k) for k in keys]
-        todo = [i for i, v in enumerate(found) if v is None]
-        if todo:  # repeated questions (retries, follow-ups, popular queries) are encoded once
-            fresh = self.health.run(lambda: self.encoder.encode_queries([texts[i] for i in todo]))
-            for i, v in zip(todo, fresh):
-                found[i] = v
-                self.cache.put(keys[i], v)
-        return found
+        return _encode_queries(self.encoder, self.cache, self.health, texts)
+
+
+def _encode_queries(encoder, cache, health: ModelHealth, texts: list[str]) -> list[np.ndarray]:
+    """f0 of ``texts``; with a vector cache, repeated questions (retries, follow-ups, popular
+    queries) are encoded once."""
+    if cache is None:
+        return list(health.run(lambda: encoder.encode_queries(texts)))
+    keys = [cache.key(encoder, "query", t) for t in texts]
+    found = [cache.get(k) for k in keys]
+    todo = [i for i, v in enumerate(found) if v is None]
+    if todo:
+        fresh = health.run(lambda: encoder.encode_queries([texts[i] for i in todo]))
+        for i, v in zip(todo, fresh):
+            found[i] = v
+            cache.put(keys[i], v)
+    return found
 
 
 def _flatten_encode(encoder, requests: list[list[Piece]]) -> list[tuple[np.ndarray, list[int]]]:
@@ -136,41 +145,32 @@ def _flatten_score(encoder, requests: list[tuple[str, list[Piece]]]) -> list[np.
     return np.split(flat, cuts)
 
 
-@serve.deployment
-class NodeEncoder:
-    """f_theta (``tuned``) or f0 (``frozen``) over node pieces. Each request carries one
-    item set's nodes; ``@serve.batch`` merges concurrent requests into one forward pass."""
+class NodeModels:
+    """f_theta (``tuned``) and f0 (``frozen``) over node pieces, and f0 over queries, for the
+    NodeEncoder deployment or for a Refiner that encodes in its own replica. :meth:`run` answers
+    a batch of calls of one kind: ``encode_tuned`` and ``encode_frozen`` (node pieces),
+    ``score_tuned`` (with ``models.scorer``: the cross-encoder's scores of (question, nodes))
+    and ``query`` (query texts, through ``cache`` when given)."""
 
-    def __init__(self, cfg: CanopyConfig):
+    def __init__(self, cfg: CanopyConfig, cache=None):
         from canopy_ray.models.encoder import build_encoder, frozen_nodes
 
         encoder_threads(cfg.models.threads)
         self.tuned = build_encoder(cfg.models)
         self.frozen = frozen_nodes(self.tuned)
-        for method in (self.encode_tuned, self.score_tuned, self.encode_frozen):
-            method.set_max_batch_size(cfg.serve.node_batch_size)
-            method.set_batch_wait_timeout_s(cfg.serve.batch_wait_s)
+        self.cache = cache
         self.health = ModelHealth(self._probe, cfg.serve.health_check_period_s)
 
     def _probe(self) -> None:
         _flatten_encode(self.tuned, [[Piece("health", "text", ((0, 1),), "Health check.")]])
 
-    async def check_health(self):
-        """On the replica's event loop, like the batches, so a probe never overlaps one."""
-        self.health.check()
-
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
-    async def encode_tuned(self, requests: list[list[Piece]]) -> list[tuple[np.ndarray, list[int]]]:
-        return self.health.run(lambda: _flatten_encode(self.tuned, requests))
-
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
-    async def score_tuned(self, requests: list[tuple[str, list[Piece]]]) -> list[np.ndarray]:
-        """With ``models.scorer``: the cross-encoder's scores of (question, nodes) requests."""
-        return self.health.run(lambda: _flatten_score(self.tuned, requests))
-
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
-    async def encode_frozen(self, requests: list[list[Piece]]) -> list[tuple[np.ndarray, list[int]]]:
-        return self.health.run(lambda: _flatten_encode(self.frozen, requests))
+    def run(self, kind: str, calls: list) -> list:
+        if kind == "query":
+            return _encode_queries(self.tuned, self.cache, self.health, calls)
+        if kind == "score_tuned":
+            return self.health.run(lambda: _flatten_score(self.tuned, calls))
+        encoder = {"encode_tuned": self.tuned, "encode_frozen": self.frozen}[kind]
+        return self.health.run(lambda: _flatten_encode(encoder, calls))
 
     def identities(self) -> dict:
         """Per node encoder (``tuned``, ``frozen``), what a node store checks its vectors against."""
@@ -181,12 +181,101 @@ class NodeEncoder:
 
 
 @serve.deployment
+class NodeEncoder:
+    """:class:`NodeModels` as a deployment (``serve.node_encoder: deployment``). Each request
+    carries one item set's nodes; ``@serve.batch`` merges concurrent requests into one forward
+    pass."""
+
+    def __init__(self, cfg: CanopyConfig):
+        self.models = NodeModels(cfg)
+        for method in (self.encode_tuned, self.score_tuned, self.encode_frozen):
+            method.set_max_batch_size(cfg.serve.node_batch_size)
+            method.set_batch_wait_timeout_s(cfg.serve.batch_wait_s)
+
+    async def check_health(self):
+        """On the replica's event loop, like the batches, so a probe never overlaps one."""
+        self.models.health.check()
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
+    async def encode_tuned(self, requests: list[list[Piece]]) -> list[tuple[np.ndarray, list[int]]]:
+        return self.models.run("encode_tuned", requests)
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
+    async def score_tuned(self, requests: list[tuple[str, list[Piece]]]) -> list[np.ndarray]:
+        return self.models.run("score_tuned", requests)
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
+    async def encode_frozen(self, requests: list[list[Piece]]) -> list[tuple[np.ndarray, list[int]]]:
+        return self.models.run("encode_frozen", requests)
+
+    def identities(self) -> dict:
+        return self.models.identities()
+
+
+class Gathered:
+    """Merges the encoder calls of the requests one replica works on, without a timer: a call
+    waits until every request in :meth:`working` waits for one too, then each kind of call runs
+    as one batch. A lone request waits for nothing, and a busy replica encodes the tree levels
+    of all its requests together (``@serve.batch`` waits a fixed time instead: latency when
+    idle, and batches cut short when the requests' own work between calls outlasts it).
+    ``wait_s`` bounds the wait for a request that is busy elsewhere."""
+
+    def __init__(self, run: Callable[[str, list], list], wait_s: float):
+        self._run, self.wait_s = run, wait_s
+        self.active = self.waiting = 0
+        self.pending: dict[str, list[tuple[object, asyncio.Future]]] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    @contextlib.contextmanager
+    def working(self):
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            if self.pending and self.waiting >= self.active:  # the others waited for this one,
+                asyncio.get_running_loop().call_soon(self.flush)  # which returns first
+
+    async def call(self, kind: str, payload):
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.pending.setdefault(kind, []).append((payload, future))
+        self.waiting += 1
+        if self.waiting >= self.active:
+            self.flush()
+        elif self.timer is None:
+            self.timer = loop.call_later(self.wait_s, self.flush)
+        return await future
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        pending, self.pending, self.waiting = self.pending, {}, 0
+        for kind, calls in pending.items():
+            futures = [future for _, future in calls]
+            try:
+                outs = self._run(kind, [payload for payload, _ in calls])
+            except Exception as e:
+                for future in futures:
+                    if not future.done():  # done: its request was cancelled
+                        future.set_exception(e)
+                continue
+            for future, out in zip(futures, outs, strict=True):
+                if not future.done():
+                    future.set_result(out)
+
+
+@serve.deployment
 class Refiner:
     """Builds trees, scores the nodes refinement visits and refines. Vectors come from the
     index's node store (items from the index only), the vector cache (any node this replica
-    has seen, for /v1/compress and /v1/answer alike) or the NodeEncoder."""
+    has seen, for /v1/compress and /v1/answer alike) or the node encoder: the NodeEncoder
+    deployment's handle or, given none (``serve.node_encoder: refiner``), :class:`NodeModels`
+    in this replica, its requests' calls :class:`Gathered` (no call between processes per tree
+    level); then :meth:`compress_query` encodes the query here too."""
 
-    def __init__(self, cfg: CanopyConfig, node_encoder):
+    def __init__(self, cfg: CanopyConfig, node_encoder=None):
         from canopy_ray.models.llm.tokens import token_counter
         from canopy_ray.models.vector_cache import VectorCache
 
@@ -194,6 +283,8 @@ class Refiner:
         # The reader's tokens, as the ingress counts them; loaded here, not on the first request.
         self.count_tokens = token_counter(cfg.llm)
         self.cache = VectorCache(cfg.models.cache_mb) if cfg.models.cache_mb else None
+        self.models = NodeModels(cfg, self.cache) if node_encoder is None else None
+        self.gathered = Gathered(self.models.run, cfg.serve.batch_wait_s) if self.models else None
         self.store = None
         if cfg.serve.index_dir:
             from canopy_ray.index import load_index
@@ -204,9 +295,23 @@ class Refiner:
 
         self.sources = NodeSources()  # canopy_nodes_total{source}, canopy_vector_cache_hit_rate
 
+    async def check_health(self):
+        if self.models is not None:
+            self.models.health.check()
+
+    def _node_call(self, kind: str):
+        """An async function for the node encoder's calls of ``kind`` (:meth:`NodeModels.run`)."""
+        if self.gathered is not None:
+            return functools.partial(self.gathered.call, kind)
+        return getattr(self.node_encoder, kind).remote
+
+    def _working(self):
+        return self.gathered.working() if self.gathered is not None else contextlib.nullcontext()
+
     async def _compressor(self, opts: CompressOptions) -> Compressor:
         if self.compressors is None:  # the node store checks vectors against the encoder's identity
-            identities = await self.node_encoder.identities.remote()
+            identities = (self.models.identities() if self.models is not None
+                          else await self.node_encoder.identities.remote())
             if self.compressors is None:  # not made by a request that waited beside this one
                 self.compressors = {(name, store): Compressor.from_config(
                     self.cfg, ident, node_store=self.store if store else None, cache=self.cache,
@@ -216,14 +321,29 @@ class Refiner:
 
     async def compress(self, query_vec: np.ndarray, items: Sequence[Item],
                        opts: CompressOptions = CompressOptions()) -> list[ItemResult]:
+        with self._working():
+            return await self._compress(query_vec, items, opts)
+
+    async def compress_query(self, query: str, items: Sequence[Item],
+                             opts: CompressOptions) -> tuple[list[ItemResult], float]:
+        """:meth:`compress` of f0(``query``) encoded here (``serve.node_encoder: refiner``: a
+        /v1/compress request is one call); the results and the seconds the query took."""
+        with self._working():
+            t0 = time.perf_counter()
+            query_vec = await self.gathered.call("query", query)
+            encoded = time.perf_counter() - t0
+            return await self._compress(query_vec, items, opts), encoded
+
+    async def _compress(self, query_vec: np.ndarray, items: Sequence[Item],
+                        opts: CompressOptions) -> list[ItemResult]:
         comp = await self._compressor(opts)
-        method = self.node_encoder.encode_tuned if opts.node_encoder == "tuned" else self.node_encoder.encode_frozen
+        method, scorer = self._node_call(f"encode_{opts.node_encoder}"), self._node_call("score_tuned")
 
         async def encode(pieces):
-            return await method.remote(list(pieces))
+            return await method(list(pieces))
 
         async def score(pieces):  # the cross-encoder's term (refinement.cross)
-            return await self.node_encoder.score_tuned.remote((opts.query, list(pieces)))
+            return await scorer((opts.query, list(pieces)))
 
         try:
             return await comp.acompress_items(query_vec, items, opts, encode, score)

@@ -360,14 +360,19 @@ class Ingress:
         return await self._deadline(self._compress(req, items), "the compression")
 
     async def _compress(self, req: CompressRequest, items: list[Item]) -> dict:
-        t0 = time.perf_counter()
-        qvec = await self._call("encode", lambda: self.query_encoder.encode.remote(req.query))
-        t1 = time.perf_counter()
         margin = self.settings.margin if req.margin is None else req.margin
         mode = refinement_of("canopy", req.refinement, self.cfg.refinement.mode)
         opts = CompressOptions(branching=req.branching, node_encoder=req.node_encoder, margin=margin, query=req.query,
                                refinement=req.refinement)
-        results = await self._call("compress", lambda: self.refiner.compress.remote(qvec, items, opts))
+        t0 = time.perf_counter()
+        if self.cfg.serve.node_encoder == "refiner":  # one call: the Refiner encodes the query too
+            results, encoded = await self._call("compress", lambda: self.refiner.compress_query.remote(
+                req.query, items, opts))
+            t1 = t0 + encoded
+        else:
+            qvec = await self._call("encode", lambda: self.query_encoder.encode.remote(req.query))
+            t1 = time.perf_counter()
+            results = await self._call("compress", lambda: self.refiner.compress.remote(qvec, items, opts))
         t2 = time.perf_counter()
         out = [r.to_dict(req.explain) for r in results]
         totals = {k: sum(r[k] for r in out) for k in ("tokens_before", "tokens_after", "nodes_total",

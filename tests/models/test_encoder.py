@@ -115,3 +115,15 @@ def test_token_counts_after_truncation_with_special_tokens(f0):
     from canopy_ray.models.encoder import FrozenNodes
 
     assert FrozenNodes(f0).token_counts(pieces(MIXED)) == counts
+
+
+def test_nodes_encoded_then_counted_are_tokenized_once():
+    enc = TextEncoder()
+    calls, tokenize = [], enc.tokenizer
+    enc.tokenizer = lambda texts, **kw: (calls.append(list(texts)), tokenize(texts, **kw))[1]
+    enc.encode_nodes(pieces(TEXTS))
+    counts = enc.token_counts(pieces(TEXTS))
+    assert calls == [TEXTS] and counts == [len(tokenize(t)["input_ids"]) for t in TEXTS]
+    other = enc.token_counts(pieces(MIXED))  # other texts: tokenized afresh, not the last call's
+    assert calls == [TEXTS, MIXED] and other == [len(ids) for ids in tokenize(MIXED, truncation=True,
+                                                                                max_length=256)["input_ids"]]

@@ -1,6 +1,7 @@
 """A cross-encoder node scorer (``models.scorer``, ``refinement.cross``) served: an application
-beside the package's, whose NodeEncoder also scores (question, node) pairs; /v1/compress returns
-f_theta's cosine plus the weighted cross-encoder and BM25 terms, and the hybrid over them."""
+beside the package's, with its own NodeEncoder deployment (``serve.node_encoder: deployment``),
+which also scores (question, node) pairs; /v1/compress returns f_theta's cosine plus the weighted
+cross-encoder and BM25 terms, and the hybrid over them."""
 
 import importlib.util
 
@@ -30,7 +31,8 @@ def scorer_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cross_url(cfg, scorer_dir):
     # replicas of 0.05 CPU fit beside the package's application; /v1/compress needs no LLM (a stand-in URL)
-    mine = cfg.override(models={"scorer": str(scorer_dir)}, refinement={"cross": 0.4}, serve={"replica_cpus": 0.05},
+    mine = cfg.override(models={"scorer": str(scorer_dir)}, refinement={"cross": 0.4},
+                        serve={"replica_cpus": 0.05, "node_encoder": "deployment"},
                         llm={"backend": "openai", "url": f"http://127.0.0.1:{free_port()}/v1", "model": "stand-in"})
     yield from app_beside(cfg, mine, "cross")
 

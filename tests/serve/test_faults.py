@@ -1,7 +1,9 @@
-"""Faults against a real Serve application on 127.0.0.1: a NodeEncoder replica killed with
-SIGKILL under load, a burst past capacity, and a dead LLM endpoint. The application is this
-module's own ("faults", at /faults, small queues, the LLM an ``openai`` endpoint on a closed
-port), beside the package's when that one runs. Timing bounds are generous hang bounds only.
+"""Faults against a real Serve application on 127.0.0.1: the replica that encodes nodes (the
+Refiner, as configs/cpu.yaml serves) killed with SIGKILL under load, a burst past capacity, and a
+dead LLM endpoint. The application is this module's own ("faults", at /faults, small queues, the
+LLM an ``openai`` endpoint on a closed port), beside the package's when that one runs. Timing
+bounds are generous hang bounds only. (A NodeEncoder deployment's replicas are killed with their
+node in test_serve_node_loss.py.)
 """
 
 import asyncio
@@ -79,11 +81,11 @@ def test_a_burst_past_capacity_gets_only_200_or_json_429_503(faults):
 
 
 @pytest.mark.integration
-def test_killing_a_node_encoder_replica_fails_at_most_the_requests_in_flight(faults):
+def test_killing_the_replica_that_encodes_nodes_fails_at_most_the_requests_in_flight(faults):
     # 3 requests at a time and the probe: as many as the Refiner's queue holds (refiner_limits[1]),
     # so that none is shed while the replicas look busy (Serve's view of them lags their replies)
     replies, at = asyncio.run(kill_under_load(faults + "/v1/compress", _compress_bodies(16, "kill"), 3, 4,
-                                              "NodeEncoder", probe_body, HANG_S, app=APP, limit_s=60))
+                                              "Refiner", probe_body, HANG_S, app=APP, limit_s=60))
     in_flight = [r for r in replies if r.sent < at["kill"] < r.done]
     failed = [r for r in replies if r.status != 200]
     assert all(any(r is f for r in in_flight) for f in failed), [(f.status, f.json_reason) for f in failed]
@@ -132,7 +134,7 @@ def test_the_faults_table_counts_answers_that_are_not_json_and_keeps_the_parts_n
     again = {**llm, "fault": "LLM down again"}
     second = merged(first, sections({"llm": [again]}, "Measured by B."))
     assert "LLM down again" in second and "Measured by A." not in second
-    kill = {"fault": "kill", **tally([json_503]), "recover_s": 1.0, "in_flight": 1, "retried": 1,
+    kill = {"fault": "kill", "victim": "Refiner", **tally([json_503]), "recover_s": 1.0, "in_flight": 1, "retried": 1,
             "restarted_s": 0.5, "p99_before": None, "p99_in_flight": None}
     third = merged(second, sections({"kill": kill}, "Measured by C."))
     assert "Measured by B." in third and "Measured by C." in third  # the llm section kept
