@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
+import itertools
 import time
 from typing import Callable, Sequence
 
@@ -212,58 +214,76 @@ class NodeEncoder:
         return self.models.identities()
 
 
+_REQUEST: contextvars.ContextVar[int | None] = contextvars.ContextVar("canopy_request", default=None)
+
+
 class Gathered:
     """Merges the encoder calls of the requests one replica works on, without a timer: a call
     waits until every request in :meth:`working` waits for one too, then each kind of call runs
     as one batch. A lone request waits for nothing, and a busy replica encodes the tree levels
     of all its requests together (``@serve.batch`` waits a fixed time instead: latency when
     idle, and batches cut short when the requests' own work between calls outlasts it).
-    ``wait_s`` bounds the wait for a request that is busy elsewhere."""
+    ``wait_s`` bounds the wait for a request that is busy elsewhere. Requests are told apart by
+    a context variable, so the concurrent calls of one request (nodes and cross-encoder pairs)
+    count as one request waiting."""
 
     def __init__(self, run: Callable[[str, list], list], wait_s: float):
         self._run, self.wait_s = run, wait_s
-        self.active = self.waiting = 0
-        self.pending: dict[str, list[tuple[object, asyncio.Future]]] = {}
+        self.active = 0
+        self.pending: dict[str, list[tuple[object, asyncio.Future, int | None]]] = {}
         self.timer: asyncio.TimerHandle | None = None
+        self._ids = itertools.count()
 
     @contextlib.contextmanager
     def working(self):
+        token = _REQUEST.set(next(self._ids))
         self.active += 1
         try:
             yield
         finally:
             self.active -= 1
-            if self.pending and self.waiting >= self.active:  # the others waited for this one,
+            _REQUEST.reset(token)
+            if self.pending and self._waiting() >= self.active:  # the others waited for this one,
                 asyncio.get_running_loop().call_soon(self.flush)  # which returns first
+
+    def _waiting(self) -> int:
+        return len({request for calls in self.pending.values() for _, _, request in calls})
 
     async def call(self, kind: str, payload):
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.pending.setdefault(kind, []).append((payload, future))
-        self.waiting += 1
-        if self.waiting >= self.active:
+        entry = (payload, future, _REQUEST.get())
+        self.pending.setdefault(kind, []).append(entry)
+        if self._waiting() >= self.active:
             self.flush()
         elif self.timer is None:
             self.timer = loop.call_later(self.wait_s, self.flush)
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:  # its client went away: nothing to encode for it
+            if kind in self.pending:
+                self.pending[kind] = [e for e in self.pending[kind] if e is not entry]
+            raise
 
     def flush(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        pending, self.pending, self.waiting = self.pending, {}, 0
+        pending, self.pending = self.pending, {}
         for kind, calls in pending.items():
-            futures = [future for _, future in calls]
+            calls = [(payload, future) for payload, future, _ in calls if not future.done()]  # done: cancelled
+            if not calls:
+                continue
             try:
                 outs = self._run(kind, [payload for payload, _ in calls])
-            except Exception as e:
-                for future in futures:
-                    if not future.done():  # done: its request was cancelled
-                        future.set_exception(e)
-                continue
-            for future, out in zip(futures, outs, strict=True):
-                if not future.done():
+                for (_, future), out in zip(calls, outs, strict=True):
                     future.set_result(out)
+            except BaseException as e:
+                for _, future in calls:
+                    if not future.done():
+                        future.set_exception(e)
+                if not isinstance(e, Exception):
+                    raise
 
 
 @serve.deployment
@@ -283,7 +303,9 @@ class Refiner:
         # The reader's tokens, as the ingress counts them; loaded here, not on the first request.
         self.count_tokens = token_counter(cfg.llm)
         self.cache = VectorCache(cfg.models.cache_mb) if cfg.models.cache_mb else None
-        self.models = NodeModels(cfg, self.cache) if node_encoder is None else None
+        # the QueryEncoder's query cache (its own, so the node cache and its hit rate stay nodes')
+        queries = VectorCache(min(cfg.models.cache_mb, 32)) if cfg.models.cache_mb else None
+        self.models = NodeModels(cfg, queries) if node_encoder is None else None
         self.gathered = Gathered(self.models.run, cfg.serve.batch_wait_s) if self.models else None
         self.store = None
         if cfg.serve.index_dir:
@@ -327,7 +349,11 @@ class Refiner:
     async def compress_query(self, query: str, items: Sequence[Item],
                              opts: CompressOptions) -> tuple[list[ItemResult], float]:
         """:meth:`compress` of f0(``query``) encoded here (``serve.node_encoder: refiner``: a
-        /v1/compress request is one call); the results and the seconds the query took."""
+        /v1/compress request is one call); the results and the seconds the query took (its wait
+        for the replica's batch included)."""
+        if self.gathered is None:
+            raise RuntimeError("compress_query needs serve.node_encoder 'refiner'; the Ingress and the "
+                               "Refiner were given different configs")
         with self._working():
             t0 = time.perf_counter()
             query_vec = await self.gathered.call("query", query)

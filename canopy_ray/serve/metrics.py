@@ -11,7 +11,7 @@ records, and Ray's metrics agent on its node serves them at ``http://NODE:<metri
 - ``canopy_tokens_total{route, side}`` (``before`` / ``after`` compression) and
   ``canopy_compression_ratio{route}`` (after / before, per request).
 - ``canopy_nodes_total{source}``: node vectors the Refiner used, by where they came from
-  (``encoded`` by the NodeEncoder, the index's node ``store``, the vector ``cache``), and
+  (``encoded`` by the node encoder, the index's node ``store``, the vector ``cache``), and
   ``canopy_vector_cache_hit_rate``: the Refiner's cache hits over lookups since it started.
 """
 

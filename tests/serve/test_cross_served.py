@@ -1,7 +1,7 @@
 """A cross-encoder node scorer (``models.scorer``, ``refinement.cross``) served: an application
-beside the package's, with its own NodeEncoder deployment (``serve.node_encoder: deployment``),
-which also scores (question, node) pairs; /v1/compress returns f_theta's cosine plus the weighted
-cross-encoder and BM25 terms, and the hybrid over them."""
+beside the package's, whose node encoder also scores (question, node) pairs, in the Refiner and
+as a NodeEncoder deployment (``serve.node_encoder``); /v1/compress returns f_theta's cosine plus
+the weighted cross-encoder and BM25 terms, and the hybrid over them."""
 
 import importlib.util
 
@@ -28,13 +28,13 @@ def scorer_dir(tmp_path_factory):
     return CrossScorer().save(tmp_path_factory.mktemp("scorer"))  # an untrained head: scores all the same real
 
 
-@pytest.fixture(scope="module")
-def cross_url(cfg, scorer_dir):
+@pytest.fixture(scope="module", params=["refiner", "deployment"])
+def cross_url(request, cfg, scorer_dir):
     # replicas of 0.05 CPU fit beside the package's application; /v1/compress needs no LLM (a stand-in URL)
     mine = cfg.override(models={"scorer": str(scorer_dir)}, refinement={"cross": 0.4},
-                        serve={"replica_cpus": 0.05, "node_encoder": "deployment"},
+                        serve={"replica_cpus": 0.05, "node_encoder": request.param},
                         llm={"backend": "openai", "url": f"http://127.0.0.1:{free_port()}/v1", "model": "stand-in"})
-    yield from app_beside(cfg, mine, "cross")
+    yield from app_beside(cfg, mine, f"cross-{request.param}")
 
 
 def test_served_scores_add_the_cross_encoders_and_the_hybrid_runs_on_them(cross_url, cfg, scorer_dir):

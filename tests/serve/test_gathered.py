@@ -117,25 +117,63 @@ def test_the_wait_for_a_busy_request_is_bounded():
 
 
 def test_a_failed_batch_fails_each_of_its_calls():
-    gathered = Gathered(Runs(fail=True), wait_s=HOUR)
+    runs = Runs(fail=True)
+    gathered = Gathered(runs, wait_s=HOUR)
 
     async def main():
+        begun = asyncio.Event()
+
         async def request(name):
             with gathered.working():
+                await begun.wait()
                 return await gathered.call("nodes", name)
 
-        return await asyncio.gather(request("a"), request("b"), return_exceptions=True)
+        tasks = [asyncio.create_task(request(n)) for n in "ab"]
+        await asyncio.sleep(0.01)
+        begun.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
 
     outs = run(main())
+    assert runs.batches == [("nodes", ["a", "b"])]  # one batch, both calls failed
     assert [type(e) for e in outs] == [RuntimeError, RuntimeError]
 
 
-def test_a_cancelled_request_does_not_break_the_batch_it_was_in():
+def test_two_calls_of_one_request_count_as_one_request_waiting():
     runs = Runs()
     gathered = Gathered(runs, wait_s=HOUR)
 
     async def main():
-        begun, release = asyncio.Event(), asyncio.Event()
+        begun, busy = asyncio.Event(), asyncio.Event()
+
+        async def pair():  # nodes and cross-encoder pairs at once, as the hybrid with a scorer asks
+            with gathered.working():
+                await begun.wait()
+                return await asyncio.gather(gathered.call("nodes", "a"), gathered.call("pairs", "a"))
+
+        async def other():
+            with gathered.working():
+                await begun.wait()
+                await busy.wait()
+                return await gathered.call("nodes", "b")
+
+        tasks = [asyncio.create_task(pair()), asyncio.create_task(other())]
+        await asyncio.sleep(0.01)
+        begun.set()
+        await asyncio.sleep(0.05)
+        assert runs.batches == []  # two calls pending, but one of the two requests still works
+        busy.set()
+        return await asyncio.gather(*tasks)
+
+    assert run(main()) == [["nodes:a", "pairs:a"], "nodes:b"]
+    assert sorted(runs.batches) == [("nodes", ["a", "b"]), ("pairs", ["a"])]
+
+
+def test_a_cancelled_call_is_not_run():
+    runs = Runs()
+    gathered = Gathered(runs, wait_s=HOUR)
+
+    async def main():
+        begun, busy = asyncio.Event(), asyncio.Event()
 
         async def request(name, wait=None):
             with gathered.working():
@@ -144,16 +182,16 @@ def test_a_cancelled_request_does_not_break_the_batch_it_was_in():
                     await wait.wait()
                 return await gathered.call("nodes", name)
 
-        cancelled = asyncio.create_task(request("a"))
-        last = asyncio.create_task(request("b", release))
+        tasks = {n: asyncio.create_task(request(n)) for n in "ab"} | {"c": asyncio.create_task(request("c", busy))}
         await asyncio.sleep(0.01)
         begun.set()
-        await asyncio.sleep(0.05)
-        cancelled.cancel()  # a client went away while its call waited
-        await asyncio.sleep(0)
-        release.set()
+        await asyncio.sleep(0.05)  # a and b wait for c
+        tasks["a"].cancel()  # a client went away while its call waited
+        gathered.flush()  # before a's task has run again: its call is still pending, its future cancelled
         with pytest.raises(asyncio.CancelledError):
-            await cancelled
-        return await last
+            await tasks["a"]
+        busy.set()
+        return await tasks["b"], await tasks["c"]
 
-    assert run(main()) == "nodes:b"
+    assert run(main()) == ("nodes:b", "nodes:c")
+    assert runs.batches == [("nodes", ["b"]), ("nodes", ["c"])]
