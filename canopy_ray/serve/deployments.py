@@ -92,11 +92,10 @@ class QueryEncoder:
 
     def __init__(self, cfg: CanopyConfig):
         from canopy_ray.models.encoder import build_encoder
-        from canopy_ray.models.vector_cache import VectorCache
 
         encoder_threads(cfg.models.query_threads)
         self.encoder = build_encoder(cfg.models, adapter=False)
-        self.cache = VectorCache(min(cfg.models.cache_mb, 32)) if cfg.models.cache_mb else None
+        self.cache = _query_cache(cfg)
         self.encode.set_max_batch_size(cfg.serve.query_batch_size)
         self.encode.set_batch_wait_timeout_s(cfg.serve.batch_wait_s)
         self.health = ModelHealth(lambda: self.encoder.encode_queries(["health check"]),
@@ -109,6 +108,13 @@ class QueryEncoder:
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
     async def encode(self, texts: list[str]) -> list[np.ndarray]:
         return _encode_queries(self.encoder, self.cache, self.health, texts)
+
+
+def _query_cache(cfg: CanopyConfig):
+    """A small cache of query vectors, apart from the node cache (whose hit rate is nodes')."""
+    from canopy_ray.models.vector_cache import VectorCache
+
+    return VectorCache(min(cfg.models.cache_mb, 32)) if cfg.models.cache_mb else None
 
 
 def _encode_queries(encoder, cache, health: ModelHealth, texts: list[str]) -> list[np.ndarray]:
@@ -152,15 +158,15 @@ class NodeModels:
     NodeEncoder deployment or for a Refiner that encodes in its own replica. :meth:`run` answers
     a batch of calls of one kind: ``encode_tuned`` and ``encode_frozen`` (node pieces),
     ``score_tuned`` (with ``models.scorer``: the cross-encoder's scores of (question, nodes))
-    and ``query`` (query texts, through ``cache`` when given)."""
+    and ``query`` (query texts, through a query cache of their own)."""
 
-    def __init__(self, cfg: CanopyConfig, cache=None):
+    def __init__(self, cfg: CanopyConfig):
         from canopy_ray.models.encoder import build_encoder, frozen_nodes
 
         encoder_threads(cfg.models.threads)
         self.tuned = build_encoder(cfg.models)
         self.frozen = frozen_nodes(self.tuned)
-        self.cache = cache
+        self.queries = _query_cache(cfg)
         self.health = ModelHealth(self._probe, cfg.serve.health_check_period_s)
 
     def _probe(self) -> None:
@@ -168,7 +174,7 @@ class NodeModels:
 
     def run(self, kind: str, calls: list) -> list:
         if kind == "query":
-            return _encode_queries(self.tuned, self.cache, self.health, calls)
+            return _encode_queries(self.tuned, self.queries, self.health, calls)
         if kind == "score_tuned":
             return self.health.run(lambda: _flatten_score(self.tuned, calls))
         encoder = {"encode_tuned": self.tuned, "encode_frozen": self.frozen}[kind]
@@ -303,9 +309,7 @@ class Refiner:
         # The reader's tokens, as the ingress counts them; loaded here, not on the first request.
         self.count_tokens = token_counter(cfg.llm)
         self.cache = VectorCache(cfg.models.cache_mb) if cfg.models.cache_mb else None
-        # the QueryEncoder's query cache (its own, so the node cache and its hit rate stay nodes')
-        queries = VectorCache(min(cfg.models.cache_mb, 32)) if cfg.models.cache_mb else None
-        self.models = NodeModels(cfg, queries) if node_encoder is None else None
+        self.models = NodeModels(cfg) if node_encoder is None else None
         self.gathered = Gathered(self.models.run, cfg.serve.batch_wait_s) if self.models else None
         self.store = None
         if cfg.serve.index_dir:
