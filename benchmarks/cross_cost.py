@@ -1,6 +1,6 @@
 """What the cross-encoder costs per question: ``canopy_ray.compress`` over each test question's
 given candidates with the shipped hybrid, and with the cross-encoder added to its score
-(``models.scorer``, ``refinement.cross``) at the study's pick for it, both on every question, the
+(``models.scorer``, the policy's ``cross`` term) at the study's pick for it, both on every question, the
 order swapped from one question to the next, node-vector cache off so that neither reuses the
 other's work.
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/cpu.yaml")
     ap.add_argument("--cross", required=True, help="a cross-encoder scorer (canopy train --scorer cross)")
-    ap.add_argument("--weight", type=float, default=0.2, help="refinement.cross")
-    ap.add_argument("--cutoff", type=float, default=0.9, help="refinement.cutoff with the cross-encoder")
+    ap.add_argument("--weight", type=float, default=0.2, help="the policy's cross term")
+    ap.add_argument("--cutoff", type=float, default=0.9, help="the policy's cutoff with the cross-encoder")
     ap.add_argument("--data", default="runs/data")
     ap.add_argument("--n", type=int, default=40, help="test questions per set")
     ap.add_argument("--out", default="results/bench/cross_cost.md")
@@ -35,7 +36,8 @@ def main(argv=None) -> int:
     from canopy_ray.eval.study import SETS
 
     shipped = load_config(args.config, models={"cache_mb": 0})
-    cross = shipped.override(models={"scorer": args.cross}, refinement={"cross": args.weight, "cutoff": args.cutoff})
+    policy = replace(shipped.policy, cutoff=args.cutoff, terms=replace(shipped.policy.terms, cross=args.weight))
+    cross = shipped.override(models={"scorer": args.cross}, refinement={"policy": str(policy)})
     configs = {"shipped": shipped, f"+ cross {args.weight:g}, cutoff {args.cutoff:g}": cross}
     rows = []
     for s in SETS:

@@ -86,10 +86,7 @@ def main(argv=None) -> int:
                     f"{run['aggregate']['evidence_recall']['mean']:.3f} |")
         print(rows[-1], flush=True)
     n_inf = diff["answer_recall_informative"]["n"]
-    r = cfg.refinement
-    refinement = (f"Algorithm 1 at margin {runner.base_settings().margin}" if r.mode == "canopy" else
-                  f"{r.mode}, share {r.share:g}" + (f", cutoff {r.cutoff:g}" if r.cutoff is not None else "")
-                  + (", lead" if r.lead else "") + f", BM25 weight {r.lexical:g}, named-item weight {r.link:g}")
+    refinement = f"`{cfg.policy}`"
     lines = ["# TAT-QA: the table classifier against the data's labels", "",
              f"TAT-QA {args.split} questions with a table among their candidates: {len(es.questions)} "
              f"(document-level split, given setting, reader skipped; {n_inf} informative; the config's "

@@ -69,8 +69,7 @@ def run(url: str, questions, branching: int) -> dict:
             whole = "\n".join(piece(t, [t.root.span]).text for t in trees)
             for enc in ENCODERS:
                 r = client.post(url + "/v1/compress", json={"query": q.question, "items": objs, "explain": True,
-                                                            "node_encoder": enc, "refinement": "canopy",
-                                                            "margin": 0})
+                                                            "node_encoder": enc, "policy": "canopy margin=0"})
                 r.raise_for_status()
                 out, row = r.json(), rows[enc]
                 res = out["items"]

@@ -47,18 +47,18 @@ def _compressor(cfg: CanopyConfig):
 
 
 def compress(query: str, items: Sequence[Any], *, config: str | CanopyConfig | None = None,
-             branching: int | None = None, margin: float | None = None, refinement: str | None = None):
+             branching: int | None = None, policy: str | None = None):
     """Compress ``items`` (canonical dicts or typed items) for ``query`` in this process.
 
     Returns one :class:`canopy_ray.compressor.ItemResult` per item: kept spans, every node's
     score and fate, the evidence and tokens before and after. ``config`` is a YAML path or a
     :class:`CanopyConfig` (default: the CPU defaults, tuned adapter included: the configuration
     the served app and the evaluation use); its models load once and are reused. ``branching``
-    and ``margin`` override the config's B and refinement margin for this call, ``refinement``
-    its mode (``canopy``: Algorithm 1, or ``hybrid``).
+    overrides the config's B for this call, ``policy`` its ``refinement.policy``
+    (:mod:`canopy_ray.core.policy`, e.g. ``"canopy margin=0.05"`` for Algorithm 1).
     """
     from canopy_ray.core.items import parse_item
 
     cfg = config if isinstance(config, CanopyConfig) else load_config(config)
     parsed = [parse_item(it) if isinstance(it, dict) else it for it in items]
-    return _compressor(cfg).compress(query, parsed, branching=branching, margin=margin, refinement=refinement)
+    return _compressor(cfg).compress(query, parsed, branching=branching, policy=policy)

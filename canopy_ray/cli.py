@@ -119,7 +119,7 @@ def cmd_compress(args) -> int:
         print("no valid items", file=sys.stderr)
         return 2
     comp = _compressor(args.config)
-    results = comp.compress(args.query, items, branching=args.branching, margin=args.margin)
+    results = comp.compress(args.query, items, branching=args.branching, policy=args.policy)
     if args.json:
         print(json.dumps([r.to_dict(explain=True) for r in results], indent=1))
     else:
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--items", required=True, help="canonical items, one JSON object per line")
     comp.add_argument("--config", default=None)
     comp.add_argument("--branching", type=int, default=None, help="override B")
-    comp.add_argument("--margin", type=float, default=None, help="override refinement.margin")
+    comp.add_argument("--policy", default=None, help="override refinement.policy, e.g. 'canopy margin=0.05'")
     comp.add_argument("--json", action="store_true", help="print JSON instead of trees")
     comp.set_defaults(func=cmd_compress)
 

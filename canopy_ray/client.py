@@ -101,14 +101,13 @@ class Client:
         return self._builder
 
     def compress(self, query: str, items: Sequence[Any], *, branching: int | None = None, explain: bool = False,
-                 node_encoder: str = "tuned", margin: float | None = None,
-                 refinement: str | None = None) -> list[ItemResult]:
+                 node_encoder: str = "tuned", policy: str | None = None) -> list[ItemResult]:
         """``POST /v1/compress``: one :class:`~canopy_ray.compressor.ItemResult` per item, as
         :func:`canopy_ray.compress` returns (node scores only with ``explain``)."""
         parsed = [parse_item(it) if isinstance(it, dict) else it for it in items]
         body = {"query": query, "items": [item_to_dict(it) for it in parsed], "explain": explain,
                 "node_encoder": node_encoder}
-        body |= {k: v for k, v in (("branching", branching), ("margin", margin), ("refinement", refinement))
+        body |= {k: v for k, v in (("branching", branching), ("policy", policy))
                  if v is not None}
         out = self._call("POST", "/v1/compress", body)["items"]
         trees = [self._trees().tree(it, branching=branching) for it in parsed]
@@ -126,7 +125,7 @@ class Client:
 
     def answer(self, question: str, **options) -> dict:
         """``POST /v1/answer`` against the served index; ``options``: ``k``, ``rounds``,
-        ``branching``, ``mode``, ``margin``, ``explain``. Returns the JSON answer (answer, evidence, ...)."""
+        ``branching``, ``policy``, ``explain``. Returns the JSON answer (answer, evidence, ...)."""
         return self._call("POST", "/v1/answer", {"question": question, **options})
 
     def close(self) -> None:

@@ -18,6 +18,8 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from canopy_ray.core.policy import Policy
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -51,44 +53,21 @@ class HierarchyConfig(Section):
     flat_m: int = Field(5, ge=1, description="leaves kept per item by the flat baseline")
 
 
+# The shipped policy, chosen on the validation split by the study (results/study/study.md), which
+# `python -m canopy_ray.eval.study --write-config` writes into configs/cpu.yaml
+DEFAULT_POLICY = "hybrid share=0.4 cutoff=0.8 bm25=0.4 title=0.1 link=0.2"
+
+
 class RefinementConfig(Section):
-    margin: float | Literal["auto"] = Field(
-        "auto", description="split a node only when a child scores >= it + margin (0: the paper's Algorithm 1; "
-                            "larger keeps more text); auto: the margin calibrated for models.adapter "
-                            "(calibration.json beside it, written by `canopy calibrate`), 0 without an adapter")
+    policy: str = Field(DEFAULT_POLICY, description="what is scored and kept (canopy_ray.core.policy): "
+                        "'canopy margin=M' (Algorithm 1 per item, the paper; margin=auto: the adapter's "
+                        "calibrated margin), 'hybrid share=S cutoff=C' with score terms 'bm25=W title=W "
+                        "link=W cross=W', 'flat share=S' or 'flat top=M', 'whole'")
 
-    # The shipped refinement, chosen on the validation split (results/study/study.md): the hybrid,
-    # leaves ranked by cosine plus BM25, the items the question names by title and those they or the best
-    # two name raised, a cutoff below the best leaf
-    mode: Literal["canopy", "hybrid"] = Field(
-        "hybrid", description="canopy: Algorithm 1 per item (the paper); hybrid: the best `share` of all the items' "
-                              "leaves ranked together, each raised to its parent while the parent scores >= it")
-    share: float = Field(0.4, gt=0, le=1, description="hybrid: the share of the leaves chosen")
-    fallback: float = Field(0.0, ge=0, description="hybrid: a chosen node also rises to its parent when the "
-                            "parent scores less than this below it (too close to call)")
-    lead: bool = Field(False, description="hybrid: an item with a chosen leaf keeps its first leaf too")
-    cutoff: float | None = Field(0.8, ge=0, description="hybrid: of the chosen share, only the leaves scoring "
-                                 "within this of the question's best leaf (None: the whole share)")
-    gate: float | None = Field(None, ge=0, description="canopy: leave out an item whose best visited node scores "
-                               "more than this below the best item's (None: every item stays)")
-    lexical: float = Field(0.4, ge=0, description="hybrid (and flat): weight of BM25, scaled to [0, 1] over the "
-                           "nodes scored together, added to each node's cosine; 0 = cosine alone (canopy mode "
-                           "always scores by cosine alone)")
-    link: float = Field(0.2, ge=0, description="hybrid (and flat): added to every node of an item named (by "
-                        "title) in the text of one of the two best items or of an item the query names by "
-                        "title: the second hop of a bridge question (canopy_ray.core.lexical.named); 0 = none")
-    title: float = Field(0.1, ge=0, description="hybrid (and flat): added to every node of an item the query "
-                         "names by title (canopy_ray.core.lexical.titled), before the link term ranks the "
-                         "items; 0 = none")
-    cross: float = Field(0.0, ge=0, description="hybrid (and flat): weight of the cross-encoder's score "
-                         "(models.scorer, a probability) added to f_theta's; 0 = none")
-
-    @field_validator("margin")
+    @field_validator("policy")
     @classmethod
-    def _non_negative(cls, v):
-        if v != "auto" and not v >= 0:
-            raise ValueError("margin must be >= 0 or 'auto'")
-        return v
+    def _policy(cls, v: str) -> str:
+        return str(Policy.parse(v))  # the one text form
 
 
 class CriticConfig(Section):
@@ -346,25 +325,31 @@ class CanopyConfig(Section):
 
     @model_validator(mode="after")
     def _cross_needs_a_scorer(self):
-        if self.refinement.cross and not self.models.scorer:
-            raise ValueError("refinement.cross weighs the cross-encoder's score: set models.scorer to its directory "
-                             "(canopy train --scorer cross)")
+        if Policy.parse(self.refinement.policy).terms.cross and not self.models.scorer:
+            raise ValueError("the policy's cross term weighs the cross-encoder's score: set models.scorer to its "
+                             "directory (canopy train --scorer cross)")
         return self
 
     @property
     def margin(self) -> float:
-        """The refinement margin: ``auto`` reads the adapter's calibration file (f0, no adapter:
-        0, the paper's)."""
-        m = self.refinement.margin
-        if m != "auto":
-            return float(m)
+        """Algorithm 1's margin: the policy's own, else the one calibrated for ``models.adapter``
+        (``calibration.json`` beside it, written by ``canopy calibrate``; f0, no adapter: 0, the paper's)."""
+        policy = Policy.parse(self.refinement.policy)
+        if policy.kind == "canopy" and policy.margin is not None:
+            return policy.margin
         if not self.models.adapter:
             return 0.0
         path = Path(self.models.adapter) / CALIBRATION_FILE
         if not path.is_file():
-            raise ConfigError(f"refinement.margin is auto but {path} is missing: run `canopy calibrate` "
-                              f"or set refinement.margin to a number")
+            raise ConfigError(f"{path} is missing: run `canopy calibrate`, or give the policy a margin "
+                              f"(refinement.policy: canopy margin=M)")
         return float(json.loads(path.read_text())["margin"])
+
+    @property
+    def policy(self) -> Policy:
+        """The configured policy, an ``auto`` margin resolved (:attr:`margin`)."""
+        policy = Policy.parse(self.refinement.policy)
+        return policy.with_margin(self.margin) if policy.kind == "canopy" and policy.margin is None else policy
 
     def override(self, **sections: dict) -> "CanopyConfig":
         """A validated copy with some sections' keys replaced: ``cfg.override(serve={"port": 9000})``."""

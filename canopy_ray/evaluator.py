@@ -3,16 +3,17 @@
     from canopy_ray.config import load_config
     from canopy_ray.evaluator import evaluate
     out = evaluate(load_config("configs/cpu.yaml"), "questions.jsonl", corpus="corpus.jsonl",
-                   methods="canopy,vanilla", n=40, out="runs/eval")
+                   methods="shipped,vanilla", n=40, out="runs/eval")
 
 Each method's run (:mod:`canopy_ray.eval.runs`: per-question records and an ``aggregate``
 of every metric with its 95% bootstrap interval) is written to ``OUT/<dataset>_<method>.json``
 (or to ``OUT`` itself when it ends in ``.json`` and there is one method); with several
-methods and ``canopy`` among them, ``comparison.json`` holds the paired differences against
-it. Methods run one after the other in this process, each file written as its run ends,
-``canopy`` first: the matched-budget methods (``random``, ``flat_matched``, ``random_total``)
-replay its run (without ``canopy`` among the methods they replay a reader-free CANOPY run made
-for them).
+methods and ``shipped`` (the configured policy) among them, ``comparison.json`` holds the paired
+differences against it. Methods run one after the other in this process, each file written as its
+run ends, ``shipped`` first: the matched-budget methods (``random``, ``flat_matched``,
+``random_total``) replay its run (without it among the methods they replay a reader-free run made
+for them). ``--policy`` replaces the config's ``refinement.policy``, so ``shipped`` is then that
+policy; every run's spec records its policy's text.
 ``--llm-url`` points the reader and critic at an OpenAI-compatible server instead of the
 config's LLM. For many points in parallel on Ray, use :mod:`canopy_ray.eval.sweep`.
 :func:`main` is the command line (``jobs/eval.py``, ``canopy eval``).
@@ -33,7 +34,7 @@ from canopy_ray.eval.runs import Runner, comparison, load_eval_set
 from canopy_ray.models.llm.endpoint import llm_override
 
 
-def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, methods="canopy",
+def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, methods="shipped",
              setting: str = "given", index: str | Path | None = None, dataset: str | None = None,
              n: int | None = None, seed: int = 0, split: str | None = None, k: int | None = None,
              branching: int | None = None, rounds: int | None = None, flat_m: int | None = None,
@@ -44,10 +45,10 @@ def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, me
              reference: str | Path | None = None) -> dict:
     """Run ``methods`` (``"all"``, a comma list or a list) and return ``{"runs": {method: run},
     "comparison": {...}, "paths": [...]}``; ``client`` defaults to the config's LLM. ``reference``:
-    a CANOPY run JSON of the same sample and settings for the matched-budget methods to replay
-    (instead of running CANOPY again)."""
+    a ``shipped`` run JSON of the same sample and settings for the matched-budget methods to
+    replay (instead of running it again)."""
     chosen = parse_methods(methods)
-    chosen.sort(key=lambda m: m.name != "canopy")  # stable: canopy first, the others as given
+    chosen.sort(key=lambda m: m.name != "shipped")  # stable: shipped first, the others as given
     if out is not None and Path(out).suffix == ".json" and len(chosen) != 1:
         raise ValueError("--out FILE.json takes one method; give a folder for several")
     name = dataset or Path(questions).parent.name or "questions"
@@ -69,6 +70,8 @@ def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, me
         idx = load_index(index, nprobe=cfg.retrieval.nprobe)  # Serve's search knob, from the same config
     runner = Runner(cfg, client, encoder=encoder, index=idx)
     base = runner.base_settings()
+    margin = cfg.margin if margin is None else margin  # the canopy method's (Algorithm 1)
+    flat_m = flat_m or cfg.hierarchy.flat_m
     runs, paths = {}, []
     out = Path(out) if out is not None else None
     for method in chosen:
@@ -89,7 +92,7 @@ def evaluate(cfg, questions: str | Path, corpus: str | Path | None = None, *, me
     comp = comparison(runs) if len(runs) > 1 else {}
     if out is not None and out.suffix != ".json" and comp:
         paths.append(out / "comparison.json")
-        write_json(paths[-1], {"baseline": "canopy", "dataset": name, "differences": comp})
+        write_json(paths[-1], {"baseline": "shipped", "dataset": name, "differences": comp})
     return {"runs": runs, "comparison": comp, "paths": [str(p) for p in paths]}
 
 
@@ -101,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", default=None, help="canonical corpus.jsonl (given setting: the candidates)")
     p.add_argument("--index", default=None, help="index folder (open setting)")
     p.add_argument("--setting", default="given", choices=["given", "open"])
-    p.add_argument("--method", default="canopy", help="method, comma list, or 'all' (default %(default)s)")
+    p.add_argument("--method", default="shipped", help="method, comma list, or 'all' (default %(default)s)")
     p.add_argument("--dataset", default=None, help="name in the results (default: the questions' folder)")
     p.add_argument("--n", type=int, default=None, help="fixed sample of this many questions (default: all)")
     p.add_argument("--seed", type=int, default=0, help="sample order seed")
@@ -110,9 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--branching", type=int, default=None)
     p.add_argument("--rounds", type=int, default=None, help="R for multi-round methods")
     p.add_argument("--flat-m", type=int, default=None, help="leaves per item of the flat method")
-    p.add_argument("--margin", type=float, default=None, help="refinement margin (default: the config's)")
-    p.add_argument("--mode", default=None, choices=["canopy", "hybrid"],
-                   help="refinement mode: canopy (Algorithm 1) or hybrid (default: the config's)")
+    p.add_argument("--margin", type=float, default=None,
+                   help="Algorithm 1's margin for the canopy method (default: the config's calibrated one)")
+    p.add_argument("--policy", default=None, help="replace the config's refinement.policy (the shipped method's), "
+                   "e.g. 'canopy margin=0'")
     p.add_argument("--adapter", default=None, help="f_theta adapter folder (default: the config's)")
     p.add_argument("--llm-cache", default=None, help="SQLite file caching LLM replies (greedy: exact)")
     p.add_argument("--llm-url", default=None, metavar="URL",
@@ -124,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the reader: reader-independent metrics only (no EM/F1)")
     p.add_argument("--verbose", action="store_true", help="print progress per question")
     p.add_argument("--reference", default=None, metavar="FILE",
-                   help="a canopy run JSON (same sample and settings) for random/flat_matched to replay")
+                   help="a shipped run JSON (same sample and settings) for random/flat_matched to replay")
     p.add_argument("--out", required=True, help="FILE.json (one method) or a folder")
     return p
 
@@ -158,7 +162,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load_config(args.config, **({"models": {"adapter": args.adapter}} if args.adapter else {}),
-                          **({"refinement": {"mode": args.mode}} if args.mode else {}),
+                          **({"refinement": {"policy": args.policy}} if args.policy else {}),
                           **llm_override(args.llm_url, args.llm_model))
         result = evaluate(cfg, args.questions, args.corpus, methods=args.method, setting=args.setting,
                           index=args.index, dataset=args.dataset, n=args.n, seed=args.seed, split=args.split,

@@ -31,11 +31,13 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from canopy_ray.compressor import MODES, CompressOptions, Compressor, ItemResult
+from canopy_ray.config import DEFAULT_POLICY
+from canopy_ray.compressor import CompressOptions, Compressor, ItemResult
 from canopy_ray.core.evidence import (Piece, TokenCounter, count_words, evidence_body, piece, render,
                                       render_evidence, truncate_newest_first)
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import Item, TableItem
+from canopy_ray.core.policy import Policy
 from canopy_ray.core.table_rules import table_kind
 from canopy_ray.models.llm.roles import (Outcome, RoleCall, arun_role, critic_call, reader_call, router_call,
                                          table_call)
@@ -52,8 +54,7 @@ class Settings:
     branching: int = 2
     reader_token_cap: int = 16384
     video_token_cap: int = 65536  # the paper's cap for long video
-    mode: str = "canopy"
-    flat_m: int = 5  # leaves per item for mode "flat"
+    policy: Policy = Policy.parse(DEFAULT_POLICY)  # what compression scores and keeps (refinement.policy)
     classify_tables: bool = True
     table_classifier: str = "llm"  # or "rules" (no LLM call) or "whole" (every table kept whole)
     followup: str = "topk"  # or "fill"; see Pipeline._retrieve
@@ -62,7 +63,6 @@ class Settings:
     multimodal: bool = False  # critic and reader see kept images and video frames as pixels
     max_images: int = 32  # images plus frames per prompt at most
     media_root: str | None = None  # media files are read only under it
-    margin: float = 0.0  # refinement margin (canopy_ray.core.refine); 0: the paper
     context_tokens: int | None = None  # the LLM's context window, when known; caps the evidence
 
     @classmethod
@@ -75,12 +75,11 @@ class Settings:
                      "is cut to the context less the prompt and the answer", cfg.critic.reader_token_cap, context)
         base = dict(k=cfg.retrieval.k, rounds=cfg.critic.rounds, branching=cfg.hierarchy.branching,
                     reader_token_cap=cfg.critic.reader_token_cap, video_token_cap=cfg.critic.video_token_cap,
-                    flat_m=cfg.hierarchy.flat_m,
                     classify_tables=cfg.critic.classify_tables, table_classifier=cfg.critic.table_classifier,
                     followup=cfg.retrieval.followup,
                     router=cfg.critic.router, table_preview=cfg.critic.table_preview,
                     multimodal=cfg.llm.multimodal, max_images=cfg.llm.max_images, media_root=cfg.serve.media_root,
-                    margin=cfg.margin, context_tokens=context)
+                    policy=cfg.policy, context_tokens=context)
         return cls(**(base | {k: v for k, v in overrides.items() if v is not None}))
 
 
@@ -166,8 +165,6 @@ class Pipeline:
 
     async def answer(self, question: str, **overrides) -> Answer:
         s = replace(self.settings, **{k: v for k, v in overrides.items() if v is not None})
-        if s.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {s.mode!r}")
         t_start = time.perf_counter()
         ans = Answer(question, "", [], 0, [], [])
         seen: set[str] = set()
@@ -183,8 +180,7 @@ class Pipeline:
             new_ids = await self._retrieve(ans, query, qvec, seen, s)
             items = await self._timed(ans, "fetch", self.backends.fetch(new_ids))
             whole = await self._aggregation_tables(ans, question, items, s)
-            opts = CompressOptions(branching=s.branching, whole=whole, mode=s.mode, flat_m=s.flat_m, round=t,
-                                   margin=s.margin, query=query)
+            opts = CompressOptions(policy=s.policy, branching=s.branching, whole=whole, round=t, query=query)
             results = await self._timed(ans, "compress", self.backends.compress(qvec, items, opts))
             ans.results.extend(results)
             before += sum(r.tokens_before for r in results)
@@ -265,8 +261,10 @@ class Pipeline:
     async def _aggregation_tables(self, ans: Answer, question: str, items: Sequence[Item],
                                   s: Settings) -> frozenset[str]:
         """Each new table's question classified (one LLM call each, or the rule, or none:
-        ``whole``); aggregation questions keep the table whole."""
-        tables = [it for it in items if isinstance(it, TableItem)] if s.classify_tables and s.mode == "canopy" else []
+        ``whole``); aggregation questions keep the table whole. Only the policies that refine a tree
+        ask (flat picks leaves, whole keeps every item)."""
+        refines = s.policy.kind in ("canopy", "hybrid")
+        tables = [it for it in items if isinstance(it, TableItem)] if s.classify_tables and refines else []
         if not tables or s.table_classifier == "whole":
             return frozenset(tb.id for tb in tables)
         if s.table_classifier == "rules":

@@ -5,18 +5,19 @@
 # Steps (each resumable: converted sets, the index and the LLM reply cache are kept in runs/):
 #   1. convert HotpotQA (dev700 + train100, one set), NQ (9 distractors, seed 0) and TAT-QA into runs/data/;
 #      then what is chosen on validation questions: Algorithm 1's margin (calibration.json beside the
-#      config's adapter, read by `refinement.margin: auto`) and the table classifier
+#      config's adapter, read by the policy `canopy margin=auto`) and the table classifier
 #      (results/bench/table_classifier_validation.md; its test report beside it);
-#   2. given setting: every test question of each set, canopy / no_projection and the matched-budget
+#   2. given setting: every test question of each set, shipped / no_projection and the matched-budget
 #      baselines (random / flat_matched / random_total), reader skipped (answer recall is
-#      reader-free): the shipped hybrid (results/eval/given-hybrid), and Algorithm 1 at the paper's
+#      reader-free): the shipped policy (results/eval/given-hybrid), and Algorithm 1 at the paper's
 #      margin 0 (results/eval/given) and at the adapter's calibrated margin (results/eval/given-calibrated);
 #   3. Algorithm 1's margin curve on 100 test questions per set, random and flat_matched at each
 #      point's budget (results/margin; nothing is chosen on test);
 #   4. open setting, shipped configuration: one index of the three corpora (runs/eval-index/all),
 #      60 test questions per set, the SmolLM2 critic's follow-up rounds;
 #   5. canopy report results/eval (results.md, pareto.md and the PNGs);
-#   6. the refinement study (results/study: policies chosen on validation, reported on test);
+#   6. the refinement study (results/study: policies chosen on validation, reported on test); its pick is
+#      written into $CONFIG's refinement.policy (tests/test_published.py checks that they agree);
 #   7. refinement on gold items, f0 and f_theta, on validation and test (results/refinement), and
 #      with a cross-encoder scorer the fused scorer (results/refinement/fusion);
 #   8. the k x B sweep of the shipped configuration (results/sweep-kb).
@@ -28,7 +29,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${1:-../shared/data}
 CONFIG=${CONFIG:-configs/cpu.yaml}
-METHODS=canopy,no_projection,random,flat_matched,random_total
+METHODS=shipped,no_projection,random,flat_matched,random_total
 OPEN_N=${OPEN_N:-60}
 CROSS=${CROSS-runs/train/minilm-cross/scorer}
 C=.venv/bin/canopy
@@ -48,8 +49,8 @@ for set in hotpotqa nq tatqa; do
     given=($C eval --config "$CONFIG" --questions runs/data/$set/questions.jsonl --corpus runs/data/$set/corpus.jsonl
            --dataset $set --split test --no-reader --llm-cache runs/llm.sqlite --method $METHODS)
     "${given[@]}" --out results/eval/given-hybrid/$set
-    "${given[@]}" --mode canopy --margin 0 --out results/eval/given/$set
-    "${given[@]}" --mode canopy --out results/eval/given-calibrated/$set
+    "${given[@]}" --policy "canopy margin=0" --out results/eval/given/$set
+    "${given[@]}" --policy "canopy margin=auto" --out results/eval/given-calibrated/$set
 done
 
 $C calibrate --config "$CONFIG" --split test --n 100 --grid 0,0.02,0.03,0.05 --matched random,flat_matched \
@@ -71,7 +72,7 @@ $C report results/eval
 if [ -n "$CROSS" ] && [ ! -f "$CROSS/scorer.safetensors" ]; then
     $C train --config "$CONFIG" --scorer cross --address local --shared-data "$SHARED" --out "$CROSS"
 fi
-$PY -m canopy_ray.eval.study --config "$CONFIG" ${CROSS:+--cross "$CROSS"}
+$PY -m canopy_ray.eval.study --config "$CONFIG" ${CROSS:+--cross "$CROSS"} --write-config "$CONFIG"
 
 for split in validation test; do
     $C eval-refinement --config "$CONFIG" --split $split --shared-data "$SHARED" --out results/refinement/$split

@@ -1,10 +1,12 @@
 import json
+from dataclasses import replace
 from pathlib import Path
 from importlib import resources
 
 import pytest
 
-from canopy_ray.compressor import CompressOptions, Compressor, flat, format_forest, refined
+from canopy_ray.compressor import CompressOptions, Compressor, chosen, format_forest
+from canopy_ray.core.policy import Policy
 from canopy_ray.core.evidence import piece
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import parse_item
@@ -21,6 +23,11 @@ def _scores(tree, values):
     return {n.span: v for n, v in zip(tree.nodes(), values)}  # pre-order
 
 
+def refined(tree, scores, margin=0.0):
+    """Algorithm 1's result over a fully scored tree."""
+    return chosen(tree, scores, Policy("canopy", margin=margin).keep([tree.root], [scores])[0])
+
+
 def test_refined_result_keeps_the_forest_and_renders_it():
     tree = build_tree(TEXT)  # (0,4) (0,2) (0,1) (1,2) (2,4) (2,3) (3,4)
     r = refined(tree, _scores(tree, [0.5, 0.2, 0.0, 0.0, 0.8, 0.9, 0.1]))
@@ -34,6 +41,7 @@ def test_refined_result_keeps_the_forest_and_renders_it():
 
 
 QUESTION = "Where did Tinted Windows first perform?"
+A1 = "canopy margin=0"  # Algorithm 1, the paper's
 
 
 def _full_scores(encoder, tree, query):
@@ -46,9 +54,9 @@ def _full_scores(encoder, tree, query):
 @pytest.mark.integration
 def test_lazy_scoring_equals_full_scoring_and_encodes_less(minilm):
     items = [parse_item(json.loads(line)) for line in SAMPLE.read_text().splitlines()[:12]]
-    comp = Compressor(minilm)
+    comp = Compressor(minilm, policy=A1)
     results = comp.compress(QUESTION, items)
-    assert any(a <= 2 < b for a, b in Compressor(minilm).compress(QUESTION, [TEXT])[0].kept)
+    assert any(a <= 2 < b for a, b in comp.compress(QUESTION, [TEXT])[0].kept)
     for r in results:
         full = _full_scores(minilm, r.tree, QUESTION)
         assert r.kept == refined(r.tree, full).kept
@@ -80,19 +88,19 @@ def test_stored_and_cached_vectors_skip_the_encoder(minilm):
             raise AssertionError("a stored or cached node must not be encoded")
 
     q = minilm.encode_queries([QUESTION])[0]
-    comp = Compressor(Refuses(), node_store=Store())
+    comp = Compressor(Refuses(), node_store=Store(), policy=A1)
     (hit,) = comp.compress_items(q, [TEXT])
-    (miss,) = Compressor(minilm).compress(QUESTION, [TEXT])
+    (miss,) = Compressor(minilm, policy=A1).compress(QUESTION, [TEXT])
     assert hit.kept == miss.kept and hit.scores == pytest.approx(miss.scores)
     assert comp.stats["store"] == len(hit.scores) and comp.stats["encoded"] == hit.encoded == 0
 
     cache = VectorCache(1)
-    first = Compressor(minilm, cache=cache)
+    first = Compressor(minilm, cache=cache, policy=A1)
     first.compress_items(q, [TEXT])
-    again = Compressor(Refuses(), cache=cache)  # same identity: every node is a cache hit
+    again = Compressor(Refuses(), cache=cache, policy=A1)  # same identity: every node is a cache hit
     (cached,) = again.compress_items(q, [TEXT])
     assert cached.kept == miss.kept and again.stats["cache"] == len(cached.scores) and cached.encoded == 0
-    other = Compressor(type("Other", (Refuses,), {"adapter_id": "lora-x"})(), cache=cache)
+    other = Compressor(type("Other", (Refuses,), {"adapter_id": "lora-x"})(), cache=cache, policy=A1)
     with pytest.raises(AssertionError, match="must not be encoded"):
         other.compress_items(q, [TEXT])  # another adapter never reads these vectors
 
@@ -100,7 +108,7 @@ def test_stored_and_cached_vectors_skip_the_encoder(minilm):
 def test_flat_keeps_the_m_best_leaves():
     tree = build_tree(TEXT)
     leaves = {(0, 1): 0.0, (1, 2): 0.3, (2, 3): 0.9, (3, 4): 0.1}  # flat scores leaves only
-    r = flat(tree, leaves, m=2)
+    r = chosen(tree, leaves, Policy("flat", top=2).keep([tree.root], [leaves])[0])
     assert r.kept == [(1, 2), (2, 3)]
     assert r.evidence.text == ("Tinted Windows: It formed in New York City in 2008. "
                                "Their first performance was in Tulsa, Oklahoma.")
@@ -133,20 +141,18 @@ class HashEncoder:
         return [len(p.text.split()) for p in pieces]
 
 
-def test_each_mode_encodes_only_what_it_reads():
-    from canopy_ray.compressor import CompressOptions
-
+def test_each_policy_encodes_only_what_it_reads():
     enc = HashEncoder()
     q = enc.encode_queries(["q"])[0]
-    comp = Compressor(enc)
-    (whole,) = comp.compress_items(q, [TEXT], CompressOptions(mode="none"))
+    comp = Compressor(enc, policy="canopy margin=0")
+    (whole,) = comp.compress_items(q, [TEXT], CompressOptions(policy=Policy("whole")))
     # an item passed whole is a single-node tree: kept without a score, so nothing is encoded
     assert whole.kept == [(0, 4)] and enc.encoded == [] and whole.encoded == 0 and whole.scores == {}
     enc.encoded.clear()
-    (fl,) = comp.compress_items(q, [TEXT], CompressOptions(mode="flat", flat_m=1))
+    (fl,) = comp.compress_items(q, [TEXT], CompressOptions(policy=Policy("flat", top=1)))
     assert sorted(enc.encoded) == [((i, i + 1),) for i in range(4)] and len(fl.kept) == 1
     enc.encoded.clear()
-    (hy,) = Compressor(enc, mode="hybrid", share=0.25).compress_items(q, [TEXT])
+    (hy,) = Compressor(enc, policy="hybrid share=0.25").compress_items(q, [TEXT])
     # the hybrid: every leaf, then only the parents its one chosen leaf may rise to, bottom up
     assert sorted(enc.encoded[:4]) == [((i, i + 1),) for i in range(4)] and hy.encoded == len(enc.encoded)
     best = max((hy.scores[(i, i + 1)], (i, i + 1)) for i in range(4))[1]
@@ -195,7 +201,7 @@ def test_hybrid_mode_ranks_every_leaf_together_and_leaves_out_unchosen_items(min
     from canopy_ray.core.refine import hybrid
 
     items = [parse_item(json.loads(line)) for line in SAMPLE.read_text().splitlines()[:8]]
-    comp = Compressor(minilm, mode="hybrid", share=0.3, lexical=0.4, lead=True)
+    comp = Compressor(minilm, policy="hybrid share=0.3 bm25=0.4")
     results = comp.compress(QUESTION, items)
     trees = [r.tree for r in results]
     nodes = [(i, n.span) for i, t in enumerate(trees) for n in t.nodes()]
@@ -204,7 +210,7 @@ def test_hybrid_mode_ranks_every_leaf_together_and_leaves_out_unchosen_items(min
     scores = [{} for _ in trees]
     for (i, s), x in zip(nodes, lex):
         scores[i][s] = full[i][s] + 0.4 * x
-    assert [r.kept for r in results] == hybrid([t.root for t in trees], scores, 0.3, lead=True)
+    assert [r.kept for r in results] == hybrid([t.root for t in trees], scores, 0.3)
     for r, sc in zip(results, scores):  # BM25 over every node, whichever of them were encoded
         assert r.scores == pytest.approx({s: sc[s] for s in r.scores}, abs=1e-5)
         assert r.encoded == len(r.scores)
@@ -229,8 +235,8 @@ def test_the_link_term_raises_the_item_the_best_item_names():
 
     enc = build_encoder(load_config().models)  # f_theta, as shipped
     items = [parse_item(d) for d in BRIDGE["items"]]
-    plain, linked = (Compressor(enc, mode="hybrid", share=0.4, lexical=0.4, link=w).compress(BRIDGE["question"], items)
-                     for w in (0.0, 0.2))
+    plain, linked = (Compressor(enc, policy=f"hybrid share=0.4 bm25=0.4 link={w}").compress(BRIDGE["question"], items)
+                     for w in (0, 0.2))
     titles = [r.tree.item.title for r in plain]
     for p, k, title in zip(plain, linked, titles):
         if not p.tree.root.children:  # the one-sentence item: scored only to rank the items by
@@ -264,7 +270,7 @@ def test_the_link_term_reads_the_item_the_query_names_though_it_ranks_low():
              item("t3", "Quiz answers", ["Arvid Lindqvist played for his team as a defender.", " Question two is harder."]),
              item("st", "Stockholm", ["Stockholm is the capital of Sweden.", " It lies on the Baltic Sea."])]
     enc = build_encoder(load_config().models)
-    plain, linked = (Compressor(enc, mode="hybrid", share=0.5, link=w).compress(question, items) for w in (0.0, 0.2))
+    plain, linked = (Compressor(enc, policy=f"hybrid share=0.5 link={w}").compress(question, items) for w in (0, 0.2))
     best = {r.tree.item.id: max(v for s, v in r.scores.items() if s[1] - s[0] == 1) for r in plain}
     assert "al" not in sorted(best, key=best.get)[-2:], best  # not among the two best items
     for p, k in zip(plain, linked):
@@ -274,43 +280,45 @@ def test_the_link_term_reads_the_item_the_query_names_though_it_ranks_low():
 
 
 def test_the_title_term_raises_every_node_of_the_items_the_query_names(minilm):
-    """``refinement.title``: every scored node of an item whose title the query names (qualifier
-    aside) scores exactly that much more in the hybrid, no other node moves, and
-    Algorithm 1 (cosine alone) ignores it."""
+    """The title term: every scored node of an item whose title the query names (qualifier aside)
+    scores exactly that much more, no other node moves; Algorithm 1 takes no terms."""
     from canopy_ray import load_config
+    from canopy_ray.config import ConfigError
 
     def item(id_, title, sentences):
         return parse_item({"id": id_, "modality": "text", "title": title, "sentences": sentences})
 
-    items = [item("wf", "Wells Fargo (bank)", ["Wells Fargo is an American bank.", " It is based in San Francisco.",
-                                               " Its chief executive changed in 2007."]),
-             item("et", "Eiffel Tower", ["The Eiffel Tower is in Paris.", " It was built in 1889.",
-                                         " It is 330 metres tall."])]
-    question = "When was Stumpf named CEO of Wells Fargo?"
-    for mode, added in (("hybrid", 0.3), ("canopy", 0.0)):
-        plain, titled = (Compressor.from_config(load_config(None, refinement={"mode": mode, "title": w}), minilm)
-                         .compress(question, items) for w in (0.0, 0.3))
-        for p, k in zip(plain, titled):
-            shared = set(p.scores) & set(k.scores)
-            assert shared, mode
-            want = added if p.tree.item.id == "wf" else 0.0
-            assert {round(k.scores[s] - p.scores[s], 5) for s in shared} == {want}, (mode, p.tree.item.id)
+    items = [item("hm", "Harbor Mills (bank)", ["Harbor Mills is a regional bank.", " It is based in Portsmouth.",
+                                                " Its chief executive changed in 2011."]),
+             item("gt", "Glass Tower", ["The Glass Tower is in Leeds.", " It was built in 1972.",
+                                        " It is 90 metres tall."])]
+    question = "When was Ana Petrov named CEO of Harbor Mills?"
+    plain, titled = (Compressor.from_config(load_config(None, refinement={"policy": f"hybrid share=0.3 title={w}"}),
+                                            minilm).compress(question, items) for w in (0, 0.3))
+    for p, k in zip(plain, titled):
+        shared = set(p.scores) & set(k.scores)
+        assert shared
+        want = 0.3 if p.tree.item.id == "hm" else 0.0
+        assert {round(k.scores[s] - p.scores[s], 5) for s in shared} == {want}, p.tree.item.id
+    with pytest.raises(ConfigError, match="cosine alone"):
+        load_config(None, refinement={"policy": "canopy margin=0 title=0.3"})
 
 
 def test_the_configs_cutoff_reaches_the_hybrid(minilm):
-    """``refinement.cutoff``: of the chosen share, only leaves within it of the best leaf; at 0
+    """The policy's cutoff: of the chosen share, only leaves within it of the best leaf; at 0
     only the best leaf's item keeps anything (a tree without children is kept whatever it scores)."""
     from canopy_ray import load_config
     from canopy_ray.core.refine import hybrid
 
     items = [parse_item(json.loads(line)) for line in SAMPLE.read_text().splitlines()[:4]]
-    tight, loose = (Compressor.from_config(load_config(None, refinement={"cutoff": c}), minilm).compress(QUESTION, items)
-                    for c in (0.0, None))
+    policy = load_config().policy
+    tight, loose = (Compressor.from_config(load_config(None, refinement={"policy": str(replace(policy, cutoff=c))}),
+                                           minilm).compress(QUESTION, items) for c in (0.0, None))
     split = [bool(r.tree.root.children) for r in tight]
     assert sum(bool(r.kept) for r, s in zip(tight, split) if s) == 1
     assert sum(bool(r.kept) for r, s in zip(loose, split) if s) > 1
-    share = load_config().refinement.share
-    assert [r.kept for r in tight] == hybrid([r.tree.root for r in tight], [r.scores for r in tight], share, cutoff=0.0)
+    assert [r.kept for r in tight] == hybrid([r.tree.root for r in tight], [r.scores for r in tight], policy.share,
+                                             cutoff=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -322,12 +330,12 @@ def cross_scored(minilm):
 
 def test_the_cross_encoders_term_adds_to_each_cosine(cross_scored, minilm):
     """``cross`` adds the cross-encoder's (question, node) score to f_theta's cosine in the hybrid;
-    Algorithm 1 and the f0 baseline score by cosine alone; without the query's text it refuses."""
+    without the query's text it refuses, and an encoder without a cross-encoder refuses it."""
     from canopy_ray.core.evidence import node_text
     from canopy_ray.core.refine import hybrid
 
     items = [parse_item(json.loads(line)) for line in SAMPLE.read_text().splitlines()[:4]]
-    results = Compressor(cross_scored, mode="hybrid", share=0.4, cross=0.4).compress(QUESTION, items)
+    results = Compressor(cross_scored, policy="hybrid share=0.4 cross=0.4").compress(QUESTION, items)
     scores = []
     for r in results:
         spans = [n.span for n in r.tree.nodes()]
@@ -336,12 +344,11 @@ def test_the_cross_encoders_term_adds_to_each_cosine(cross_scored, minilm):
         scores.append({s: cos[s] + 0.4 * float(p) for s, p in zip(spans, pair)})
         assert r.scores == pytest.approx({s: scores[-1][s] for s in r.scores}, abs=1e-5)
     assert [r.kept for r in results] == hybrid([r.tree.root for r in results], scores, 0.4)
-    (alg1,) = Compressor(cross_scored, cross=0.4).compress(QUESTION, [TEXT])
-    cos = _full_scores(minilm, alg1.tree, QUESTION)
-    assert alg1.scores == pytest.approx({s: cos[s] for s in alg1.scores}, abs=1e-5)
     with pytest.raises(ValueError, match="query's text"):
-        Compressor(cross_scored, mode="hybrid", cross=0.4).compress_items(
+        Compressor(cross_scored, policy="hybrid cross=0.4").compress_items(
             cross_scored.encode_queries([QUESTION])[0], items)
+    with pytest.raises(ValueError, match="cross-encoder"):
+        Compressor(minilm, policy="hybrid cross=0.4").compress(QUESTION, items)
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning", "error::pytest.PytestUnraisableExceptionWarning")
@@ -352,7 +359,7 @@ def test_the_async_path_equals_the_sync_one_and_awaits_all_it_makes(cross_scored
     import gc
 
     items = [parse_item(json.loads(line)) for line in SAMPLE.read_text().splitlines()[:4]]
-    comp = Compressor(cross_scored, mode="hybrid", share=0.4, cross=0.4)
+    comp = Compressor(cross_scored, policy="hybrid share=0.4 cross=0.4")
     opts = CompressOptions(query=QUESTION)
     query_vec = cross_scored.encode_queries([QUESTION])[0]
 

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from canopy_ray.config import ConfigError, load_config
+from canopy_ray.core.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,16 +33,24 @@ def test_the_built_in_defaults_are_the_cpu_config_with_the_shipped_adapter():
 
 def test_margin_auto_reads_the_adapters_calibration(tmp_path):
     (tmp_path / "calibration.json").write_text('{"margin": 0.025}')
-    assert load_config(refinement={"margin": "auto"}, models={"adapter": str(tmp_path)}).margin == 0.025
-    assert load_config(refinement={"margin": 0.01}).margin == 0.01
+    auto = load_config(refinement={"policy": "canopy margin=auto"}, models={"adapter": str(tmp_path)})
+    assert auto.margin == 0.025 and auto.policy == Policy("canopy", margin=0.025)
+    assert load_config(refinement={"policy": "canopy margin=0.01"}).margin == 0.01
     assert load_config(models={"adapter": None}).margin == 0.0  # f0: the paper's Algorithm 1
-    shipped = load_config()  # the CPU default: the shipped adapter's calibrated margin
-    assert shipped.refinement.margin == "auto" and shipped.margin == json.loads(
-        (Path(shipped.models.adapter) / "calibration.json").read_text())["margin"]
+    shipped = load_config()  # the CPU default: the shipped adapter's calibrated margin for Algorithm 1
+    assert shipped.margin == json.loads((Path(shipped.models.adapter) / "calibration.json").read_text())["margin"]
     with pytest.raises(ConfigError, match="canopy calibrate"):
-        load_config(refinement={"margin": "auto"}, models={"adapter": str(tmp_path / "none")}).margin
+        load_config(refinement={"policy": "canopy margin=auto"}, models={"adapter": str(tmp_path / "none")}).policy
     with pytest.raises(ConfigError, match="margin"):
-        load_config(refinement={"margin": -0.1})
+        load_config(refinement={"policy": "canopy margin=-0.1"})
+
+
+def test_the_policy_is_one_text_in_config_and_value():
+    cfg = load_config(refinement={"policy": "hybrid  cutoff=0.8 share=0.40 bm25=0.4"})
+    assert cfg.refinement.policy == "hybrid share=0.4 cutoff=0.8 bm25=0.4"  # the canonical text
+    assert cfg.policy == Policy.parse(cfg.refinement.policy) and str(cfg.policy) == cfg.refinement.policy
+    with pytest.raises(ConfigError, match="models.scorer"):
+        load_config(refinement={"policy": "hybrid cross=0.2"})
 
 
 # serve*.yaml are Ray Serve configs, sweep*.yaml sweep specs; the rest are CanopyConfig files

@@ -8,6 +8,7 @@ import pytest
 
 from canopy_ray.compressor import Compressor
 from canopy_ray.core.items import parse_item
+from canopy_ray.core.policy import Policy
 from canopy_ray.models.llm.protocol import ChatResult
 from canopy_ray.pipeline import TEMPLATE_TOKENS, LocalBackends, MemoryRetriever, Pipeline, Settings
 
@@ -44,6 +45,9 @@ class Scripted:
 def local(minilm):
     comp = Compressor(minilm)
     return minilm, comp, MemoryRetriever(ITEMS, minilm, comp)
+
+
+WHOLE = Policy("whole")
 
 
 def _pipeline(local, client, **settings):
@@ -97,7 +101,7 @@ def test_reader_cap_drops_the_oldest_evidence(local):
         insufficient = json.dumps({"sufficient": False, "missing": "", "next_query": "cheese"})
         client = Scripted(critic=[insufficient], reader=json.dumps({"answer": "x"}),
                           table=json.dumps({"kind": "lookup"}))
-        return _pipeline(local, client, k=2, rounds=2, reader_token_cap=cap, mode="none").answer_sync("Tinted Windows")
+        return _pipeline(local, client, k=2, rounds=2, reader_token_cap=cap, policy=WHOLE).answer_sync("Tinted Windows")
 
     full = answer(10**6).evidence  # no cap reached: every retrieved item, whole, oldest first
     assert [p.round for p in full] == [1, 1, 2, 2]
@@ -124,7 +128,7 @@ def test_the_evidence_is_cut_to_fit_the_llms_context(local):
 
     insufficient = json.dumps({"sufficient": False, "missing": "", "next_query": "cheese"})
     client = Bounded(critic=[insufficient], reader=json.dumps({"answer": "x"}), table=json.dumps({"kind": "lookup"}))
-    ans = _pipeline(local, client, k=2, rounds=2, mode="none", context_tokens=context).answer_sync("Tinted Windows")
+    ans = _pipeline(local, client, k=2, rounds=2, policy=WHOLE, context_tokens=context).answer_sync("Tinted Windows")
     assert ans.evidence and 0 < ans.tokens["reader"] < ans.tokens["after"]  # cut, not dropped
     assert _role_names(client) == ["critic", "reader"] and not ans.llm_failures
 
@@ -150,15 +154,13 @@ def test_no_critic_when_every_candidate_is_in_the_evidence(local):
 
 
 @pytest.mark.integration
-def test_modes_none_and_flat(local):
+def test_policies_whole_and_flat(local):
     client = Scripted(critic=json.dumps({"sufficient": True, "missing": "", "next_query": ""}),
                       reader=json.dumps({"answer": "x"}), table=json.dumps({"kind": "lookup"}))
-    whole = _pipeline(local, client, k=5, rounds=1, mode="none").answer_sync("Tinted Windows")
+    whole = _pipeline(local, client, k=5, rounds=1, policy=WHOLE).answer_sync("Tinted Windows")
     assert whole.tokens["before"] == whole.tokens["after"] and "table" not in whole.llm_calls
-    flat = _pipeline(local, client, k=5, rounds=1, mode="flat", flat_m=1).answer_sync("Tinted Windows")
+    flat = _pipeline(local, client, k=5, rounds=1, policy=Policy("flat", top=1)).answer_sync("Tinted Windows")
     assert all(len(r.kept) == 1 and r.kept[0][1] - r.kept[0][0] == 1 for r in flat.results)
-    with pytest.raises(ValueError):
-        _pipeline(local, client, mode="bogus").answer_sync("x")
 
 
 @pytest.mark.integration

@@ -93,11 +93,27 @@ def answer_recall(evidence: str, answers: Iterable[str]) -> float:
     return float(any(answer_found(evidence, a) for a in answers))
 
 
+def answerable(answers: Iterable[str], whole: Iterable[str]) -> bool:
+    """Whether a gold answer occurs in the items shown for a question, each whole with its title
+    (``whole``: their texts), none of the answers yes/no (found in almost no text)."""
+    answers = [a for a in answers if normalize_answer(a)]
+    if not answers or any(normalize_answer(a) in ("yes", "no") for a in answers):
+        return False
+    return any(answer_recall(t, answers) for t in whole)
+
+
+def kept_answer(answers: Sequence[str], evidence: str, whole: Iterable[str]) -> float | None:
+    """The headline answer recall of one question: 1 when a gold answer occurs in the kept
+    evidence (``evidence``: the kept pieces with the titles and header rows of the items kept;
+    an item left out takes its title with it), 0 when not; None when the whole items hold no
+    answer (:func:`answerable`): no method could keep one."""
+    return answer_recall(evidence, answers) if answerable(answers, whole) else None
+
+
 def informative(answers: Iterable[str], heads: Iterable[str]) -> bool:
-    """Whether answer recall can tell evidence apart on a question: it has a gold answer, none
-    is yes/no (found in almost no text), and none is found in the head of an item shown for it
-    (:func:`canopy_ray.core.evidence.head`: the title, and a table's header row), which every
-    method keeps whatever it drops."""
+    """The titles-aside figure's questions: a gold answer, none yes/no, and none found in the
+    head of an item shown for it (:func:`canopy_ray.core.evidence.head`: the title, and a
+    table's header row), so the body of the evidence alone decides."""
     answers = [a for a in answers if normalize_answer(a)]
     if not answers or any(normalize_answer(a) in ("yes", "no") for a in answers):
         return False

@@ -1,7 +1,7 @@
 """Calibrating the refinement margin to a recall target (``canopy calibrate``).
 
-The margin d (:mod:`canopy_ray.core.refine`) of Algorithm 1 (``refinement.mode: canopy``, which
-the curves run whatever the config's mode) trades reader tokens for kept answers. For every
+The margin d (:mod:`canopy_ray.core.refine`) of Algorithm 1 (the policy ``canopy margin=d``, which
+the curves run whatever the config's policy) trades reader tokens for kept answers. For every
 ``validation`` question of each set (given setting, the reader skipped), CANOPY runs at each
 margin of a grid and the uncompressed loop (``no_projection``) once. Node vectors are encoded
 at the first margin and served from the runner's vector cache at the others, and LLM calls
@@ -10,19 +10,21 @@ at the first margin and served from the runner's vector cache at the others, and
 The chosen margin is the smallest-token one whose body answer recall over informative
 questions is within ``target_loss`` of ``no_projection``'s on every set (the paired mean;
 its 95% bootstrap interval is reported beside it); when no margin of the grid is, the
-largest. ``calibration.json`` (read by ``refinement.margin: auto``), ``calibration.md`` and
+largest. ``calibration.json`` (read by the policy ``canopy margin=auto``), ``calibration.md`` and
 ``calibration.png`` are written beside the adapter (or to ``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from canopy_ray.config import CALIBRATION_FILE
 from canopy_ray.core.files import write_json, write_text
+from canopy_ray.core.policy import Policy
 from canopy_ray.eval.methods import get_method
 from canopy_ray.eval.runs import Runner, load_eval_set, paired_differences
 
@@ -39,9 +41,9 @@ def curve(runner: Runner, eval_set, grid: Sequence[float] = GRID, progress=None,
     ref = runner.run(eval_set, get_method("no_projection"), get_method("no_projection").settings(base), reader=False)
     ref_tokens = ref["aggregate"]["tokens"]["mean"]
     points = []
-    for d in grid:
-        canopy = get_method("canopy")
-        run = runner.run(eval_set, canopy, canopy.settings(base, margin=d), reader=False)
+    for d in grid:  # "shipped" here: Algorithm 1 at d, the run the matched baselines replay
+        at = dataclasses.replace(base, policy=Policy("canopy", margin=d))
+        run = runner.run(eval_set, get_method("shipped"), at, reader=False)
         diff = paired_differences(run["records"], ref["records"], [RECALL, "answer_recall"])
         points.append({"margin": d, "tokens": run["aggregate"]["tokens"]["mean"],
                        "tokens_saved": 1 - run["aggregate"]["tokens"]["mean"] / ref_tokens,
@@ -49,7 +51,7 @@ def curve(runner: Runner, eval_set, grid: Sequence[float] = GRID, progress=None,
                        "delta": diff[RECALL], "delta_all": diff["answer_recall"]})
         for name in matched:  # replays this margin's CANOPY records: its items, its tokens per item
             m = get_method(name)
-            other = runner.run(eval_set, m, m.settings(base, margin=d), reader=False)
+            other = runner.run(eval_set, m, at, reader=False)
             points[-1][name] = {"tokens": other["aggregate"]["tokens"]["mean"],
                                 "delta": paired_differences(other["records"], ref["records"], [RECALL])[RECALL]}
         if progress:
@@ -137,7 +139,7 @@ def calibrate(cfg, data_dirs: dict[str, Path], target_loss: float, out_dir: Path
     client = client or client_from_config(cfg.llm)
     if llm_cache:
         client = CachedChatClient(client, llm_cache)
-    runner = Runner(cfg.override(refinement={"mode": "canopy"}), client)  # the margin is Algorithm 1's
+    runner = Runner(cfg, client)
     curves = {}
     for name, d in data_dirs.items():
         eval_set = load_eval_set(name, Path(d) / "questions.jsonl", Path(d) / "corpus.jsonl", n=n, split=split)
@@ -176,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--matched", default="", help="baselines replayed at each point's budget, e.g. random,flat_matched")
     args = p.parse_args(argv)
     try:
-        cfg = load_config(args.config, refinement={"margin": 0.0})  # each run sets its own
+        cfg = load_config(args.config, refinement={"policy": "canopy margin=0"})  # each run sets its own
         out = args.out or cfg.models.adapter
         if not out:
             raise ConfigError("the config has no adapter to calibrate beside: pass --out")

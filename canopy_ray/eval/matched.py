@@ -32,6 +32,8 @@ import numpy as np
 from canopy_ray.compressor import CompressOptions, Compressor, ItemResult
 from canopy_ray.core.evidence import TokenCounter, piece, render
 from canopy_ray.core.hierarchy import ItemTree, Span
+from canopy_ray.core.policy import Policy
+from canopy_ray.core.scoring import Terms
 from canopy_ray.models.llm.roles import Critique, Outcome, RoleCall, arun_role
 
 KINDS = ("random", "flat", "random_total")
@@ -96,6 +98,12 @@ def budget_result(tree: ItemTree, kept: Sequence[Span], scores: Mapping[Span, fl
                       count_tokens(ev.text) if kept else 0, ev)
 
 
+def flat_policy(policy: Policy | None) -> Policy:
+    """Every leaf scored as the replayed run's policy scores it (its terms), for f_theta's order."""
+    terms = policy.terms if policy is not None and policy.ranked else Terms()
+    return Policy("flat", top=1, terms=terms)
+
+
 def matched_results(kind: str, compressor: Compressor, query_vec: np.ndarray, items: Sequence,
                     opts: CompressOptions, budgets: Mapping[str, int], seed: int, question_id: str) -> list[ItemResult]:
     """Each item cut to ``budgets[item.id]`` tokens by ``kind`` (random or f_theta order), or, for
@@ -104,8 +112,7 @@ def matched_results(kind: str, compressor: Compressor, query_vec: np.ndarray, it
         raise ValueError(f"matched kind must be one of {KINDS}, got {kind!r}")
     count = compressor.count_tokens
     if kind == "flat":  # every leaf scored by f_theta (the flat method's scoring), then refilled
-        scored = compressor.compress_items(query_vec, items, CompressOptions(
-            branching=opts.branching, whole=opts.whole, mode="flat", flat_m=1, round=opts.round, query=opts.query))
+        scored = compressor.compress_items(query_vec, items, replace(opts, policy=flat_policy(opts.policy)))
         return [replace(budget_result(r.tree, fill_budget(r.tree, score_order(r.tree, r.scores), budgets[r.id], count),
                                       r.scores, count, opts.round), encoded=r.encoded, encoded_tokens=r.encoded_tokens)
                 for r in scored]

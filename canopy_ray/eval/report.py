@@ -6,13 +6,13 @@ Reads every run JSON under the folder (sweep points, or files written by ``jobs/
 and writes ``results.md`` with, per data set:
 
 - the **ablation**: every method at the ablation's k and B, each metric as mean [95% interval];
-- **paired differences** against ``canopy`` on the same questions (method - canopy);
+- **paired differences** against ``shipped`` on the same questions (method - shipped);
 - latency per stage;
 - the **sweep** table over k and B;
 
 the **Pareto** tables (also ``pareto.md``): per data set and setting, each method's reader
 tokens and answer recall (with the recalls, EM/F1 and paired differences against
-``no_projection`` and ``canopy``) and CANOPY's k x B points; ``pareto_<dataset>_<setting>[_margin<d>].png``
+``no_projection`` and ``shipped``) and shipped's k x B points; ``pareto_<dataset>_<setting>_<policy>.png``
 draws them (methods as points with intervals on both axes, the sweep as lines);
 and two plots (matplotlib, Agg): ``quality_vs_tokens.png`` (F1 and answer recall against
 reader tokens, one line per method, k as points, at the ablation's B: the paper's Figure 2)
@@ -33,18 +33,18 @@ from canopy_ray.core.files import write_text
 from canopy_ray.eval.methods import METHODS
 from canopy_ray.eval.runs import STAGES, paired_differences
 
-ABLATION_COLUMNS = [("em", "EM"), ("f1", "F1"), ("answer_recall", "answer recall (body)"),
+ABLATION_COLUMNS = [("em", "EM"), ("f1", "F1"), ("answer_kept", "answer kept"), ("answer_recall", "answer recall (body)"),
                     ("answer_recall_informative", "answer recall (body, informative)"),
                     ("answer_recall_short", "answer recall (body, informative, short answers)"),
                     ("refinement_recall", "refinement recall (micro)"), ("evidence_recall", "evidence recall"),
                     ("retrieval_recall", "retrieval recall"), ("tokens", "reader tokens"), ("encoded_tokens", "encoded tokens"),
                     ("latency_compress", "compress s"), ("latency_llm_reader", "reader s"),
                     ("llm_calls", "LLM calls"), ("rounds", "rounds"), ("followup_seen_share", "follow-up seen")]
-DIFF_COLUMNS = [("em", "ΔEM"), ("f1", "ΔF1"), ("answer_recall", "Δanswer recall (body)"),
+DIFF_COLUMNS = [("em", "ΔEM"), ("f1", "ΔF1"), ("answer_kept", "Δanswer kept"), ("answer_recall", "Δanswer recall (body)"),
                 ("answer_recall_informative", "Δanswer recall (body, informative)"),
                 ("evidence_recall", "Δevidence recall"),
                 ("tokens", "Δreader tokens"), ("llm_calls", "ΔLLM calls")]
-SWEEP_COLUMNS = [("f1", "F1"), ("em", "EM"), ("answer_recall", "answer recall (body)"),
+SWEEP_COLUMNS = [("f1", "F1"), ("em", "EM"), ("answer_kept", "answer kept"), ("answer_recall", "answer recall (body)"),
                  ("answer_recall_informative", "answer recall (body, informative)"),
                  ("refinement_recall", "refinement recall (micro)"), ("evidence_recall", "evidence recall"),
                  ("tokens", "reader tokens"), ("tokens_before", "tokens before"),
@@ -100,14 +100,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def setting(spec: dict) -> str:
-    """A run's setting, with its refinement when not the paper's Algorithm 1 at margin 0 (the
-    hybrid, its share and cutoff, or a margin): different operating points, never one table."""
-    r = spec.get("refinement") or {}
-    if r.get("mode") == "hybrid":
-        cut = f", cutoff {r['cutoff']:g}" if r.get("cutoff") is not None else ""
-        return f"{spec['setting']} setting, hybrid {r['share']:g}{cut}"
-    m = spec.get("margin") or 0
-    return f"{spec['setting']} setting" + (f", margin {m:g}" if m else "")
+    """A run's setting with its configured policy (``shipped``'s): different operating points,
+    never one table."""
+    return f"{spec['setting']} setting, {(spec.get('refinement') or {}).get('policy', '?')}"
 
 
 def _groups(runs: list[dict], role: str) -> dict[tuple, list[dict]]:
@@ -157,9 +152,9 @@ def ablation_markdown(runs: list[dict]) -> list[str]:
         rows = [[r["spec"]["method"], *(cell(r["aggregate"].get(m), m) for m, _ in ABLATION_COLUMNS)]
                 for r in group]
         lines += _table(["method", *(h for _, h in ABLATION_COLUMNS)], rows) + [""]
-        base = next((r for r in group if r["spec"]["method"] == "canopy"), None)
+        base = next((r for r in group if r["spec"]["method"] == "shipped"), None)
         if base is not None and len(group) > 1:
-            lines += [f"Paired differences, method - canopy (same {n} questions):", ""]
+            lines += [f"Paired differences, method - shipped (same {n} questions):", ""]
             rows = []
             for r in group:
                 if r is base:
@@ -273,7 +268,7 @@ def plot_tokens_by_b(runs: list[dict], path: Path) -> Path | None:
 
 def _pareto_sets(runs: list[dict]) -> dict[tuple, dict]:
     """Per (data set, setting): ``main`` (each method at the ablation's point, the largest
-    sample) and ``curve`` (CANOPY over k x B, the sample with most CANOPY points)."""
+    sample) and ``curve`` (shipped over k x B, the sample with most of its points)."""
     by: dict[tuple, list[dict]] = defaultdict(list)
     for r in runs:
         by[(r["spec"]["dataset"], setting(r["spec"]))].append(r)
@@ -282,9 +277,9 @@ def _pareto_sets(runs: list[dict]) -> dict[tuple, dict]:
         n_main = max(r["spec"]["n_questions"] for r in group)
         big = [r for r in group if r["spec"]["n_questions"] == n_main]
         main = sorted(_at_point(big, *_main_point(big)), key=lambda r: _order(r["spec"]["method"]))
-        canopy = [r for r in group if r["spec"]["method"] == "canopy"]
+        shipped = [r for r in group if r["spec"]["method"] == "shipped"]
         ns = defaultdict(list)
-        for r in canopy:
+        for r in shipped:
             ns[r["spec"]["n_questions"]].append(r)
         curve = max(ns.values(), key=len) if ns else []
         curve = sorted(curve, key=lambda r: _mean(r, "tokens")) if len(curve) > 1 else []
@@ -293,8 +288,7 @@ def _pareto_sets(runs: list[dict]) -> dict[tuple, dict]:
 
 
 def _slug(label: str) -> str:
-    return label.replace(" setting", "").replace(", margin ", "_margin").replace(", hybrid ", "_hybrid") \
-        .replace(", cutoff ", "_cutoff")
+    return label.replace(" setting", "").replace(", ", "_").replace(" ", "_").replace("=", "")
 
 
 def _ratio(a: dict, b: dict, m: str) -> str:
@@ -302,7 +296,10 @@ def _ratio(a: dict, b: dict, m: str) -> str:
     return "-" if not (y and y == y and x == x) else f"{x / y - 1:+.1%}"
 
 
-LEGEND = ("Mean [95% bootstrap interval] over questions. Answer recall: a gold answer in the body of the "
+LEGEND = ("Mean [95% bootstrap interval] over questions. Answer kept (the headline): a gold answer in the "
+          "reader's evidence, the titles and table header rows of the items kept included (an item left out "
+          "takes its title with it), over the questions whose shown items, whole, hold one (n_ans; none "
+          "yes/no). Answer recall (titles aside): a gold answer in the body of the "
           "reader's evidence (each item's title and a table's header row left out: every method keeps them); "
           "an answer of one or two characters counts only as a whole number or cell, and of several gold "
           "answers (a multi-span answer's spans too) any one counts; informative: the questions with an "
@@ -320,46 +317,48 @@ def pareto_markdown(runs: list[dict]) -> list[str]:
         if not main:
             continue
         ref = next((r for r in main if r["spec"]["method"] == "no_projection"), None)
-        base = next((r for r in main if r["spec"]["method"] == "canopy"), None)
+        base = next((r for r in main if r["spec"]["method"] == "shipped"), None)
         k, b = main[0]["spec"]["k"], main[0]["spec"]["branching"]
         lines += [f"### {dataset}, {label}: reader tokens vs answer recall (k={k}, B={b})", ""]
-        inf, short = "answer_recall_informative", "answer_recall_short"
-        cols = ["method", "n", "reader tokens", "answer recall", "n_inf", "answer recall, informative",
+        kept, inf, short = "answer_kept", "answer_recall_informative", "answer_recall_short"
+        cols = ["method", "n", "reader tokens", "n_ans", "answer kept", "answer recall", "n_inf",
+                "answer recall, informative",
                 "n_short", "short answers", "with heads", "refinement recall", "evidence recall", "EM", "F1"]
         if ref:
-            cols += ["tokens vs no_projection", "Δanswer recall vs no_projection", "Δinformative vs no_projection"]
+            cols += ["tokens vs no_projection", "Δanswer kept vs no_projection", "Δinformative vs no_projection"]
         if base:
-            cols += ["Δinformative vs canopy", "Δevidence recall vs canopy"]
+            cols += ["Δanswer kept vs shipped", "Δevidence recall vs shipped"]
         rows = []
         for r in main:
             agg = r["aggregate"]
             row = [r["spec"]["method"], str(len([x for x in r["records"] if "error" not in x])),
-                   cell(agg.get("tokens"), "tokens"), cell(agg.get("answer_recall"), "answer_recall"),
+                   cell(agg.get("tokens"), "tokens"), str((agg.get(kept) or {}).get("n", "-")),
+                   cell(agg.get(kept), kept), cell(agg.get("answer_recall"), "answer_recall"),
                    str((agg.get(inf) or {}).get("n", "-")), cell(agg.get(inf), inf),
                    str((agg.get(short) or {}).get("n", "-")),
                    *(cell(agg.get(m), m) for m in (short, "answer_recall_titled", "refinement_recall",
                                                    "evidence_recall", "em", "f1"))]
             if ref:
-                d = paired_differences(r["records"], ref["records"], ["answer_recall", inf])
-                row += [_ratio(r, ref, "tokens"), *("-" if r is ref else cell(d[m], m) for m in ("answer_recall", inf))]
+                d = paired_differences(r["records"], ref["records"], [kept, inf])
+                row += [_ratio(r, ref, "tokens"), *("-" if r is ref else cell(d[m], m) for m in (kept, inf))]
             if base:
-                d = paired_differences(r["records"], base["records"], [inf, "evidence_recall"])
-                row += ["-" if r is base else cell(d[m], m) for m in (inf, "evidence_recall")]
+                d = paired_differences(r["records"], base["records"], [kept, "evidence_recall"])
+                row += ["-" if r is base else cell(d[m], m) for m in (kept, "evidence_recall")]
             rows.append(row)
         lines += _table(cols, rows) + [""]
         if curve:
-            lines += [f"CANOPY over k x B ({curve[0]['spec']['n_questions']} questions):", ""]
+            lines += [f"shipped over k x B ({curve[0]['spec']['n_questions']} questions):", ""]
             rows = [[str(r["spec"]["k"]), str(r["spec"]["branching"]),
-                     *(cell(r["aggregate"].get(m), m) for m in ("tokens", "answer_recall", inf, "evidence_recall"))]
+                     *(cell(r["aggregate"].get(m), m) for m in ("tokens", kept, inf, "evidence_recall"))]
                     for r in curve]
-            lines += _table(["k", "B", "reader tokens", "answer recall", "informative", "evidence recall"],
+            lines += _table(["k", "B", "reader tokens", "answer kept", "informative", "evidence recall"],
                             rows) + [""]
     return [LEGEND, ""] + lines if lines else []
 
 
 def plot_pareto(runs: list[dict], out: Path) -> list[Path]:
-    """``pareto_<dataset>_<setting>[_margin<d>].png``: each method a point with its intervals on both axes,
-    CANOPY's k x B sweep as one line per B through k."""
+    """``pareto_<dataset>_<setting>_<policy>.png``: each method a point with its intervals on both axes,
+    shipped's k x B sweep as one line per B through k."""
     from canopy_ray.plots import pyplot, save
 
     plt = pyplot()
@@ -375,21 +374,21 @@ def plot_pareto(runs: list[dict], out: Path) -> list[Path]:
             by_b[r["spec"]["branching"]].append(r)
         for i, (b, rs) in enumerate(sorted(by_b.items())):
             rs = sorted(rs, key=lambda r: r["spec"]["k"])
-            xs, ys = [_mean(r, "tokens") for r in rs], [_mean(r, "answer_recall_informative") for r in rs]
+            xs, ys = [_mean(r, "tokens") for r in rs], [_mean(r, "answer_kept") for r in rs]
             ax.plot(xs, ys, "--.", color=str(0.3 + 0.2 * i), lw=1, zorder=1,
-                    label=f"canopy B={b}, k={','.join(str(r['spec']['k']) for r in rs)} (n={rs[0]['spec']['n_questions']})")
+                    label=f"shipped B={b}, k={','.join(str(r['spec']['k']) for r in rs)} (n={rs[0]['spec']['n_questions']})")
         for r in main:
-            t, a = r["aggregate"]["tokens"], r["aggregate"].get("answer_recall_informative") or {}
+            t, a = r["aggregate"]["tokens"], r["aggregate"].get("answer_kept") or {}
             if t.get("mean") is None or a.get("mean") is None:
                 continue
             m = r["spec"]["method"]
             ax.errorbar(t["mean"], a["mean"], xerr=[[t["mean"] - t["low"]], [t["high"] - t["mean"]]],
                         yerr=[[a["mean"] - a["low"]], [a["high"] - a["mean"]]], fmt="osD^vP<>"[_order(m) % 8],
-                        capsize=3, alpha=0.8, mfc="none" if m != "canopy" else None,
+                        capsize=3, alpha=0.8, mfc="none" if m != "shipped" else None,
                         color=f"C{_order(m)}", label=f"{m} (n={a['n']})", zorder=2)
         k, b = main[0]["spec"]["k"], main[0]["spec"]["branching"]
         ax.set_xlabel("reader evidence tokens (mean per question)")
-        ax.set_ylabel("answer recall, evidence body (informative questions)")
+        ax.set_ylabel("answer kept (questions the whole items answer)")
         ax.set_title(f"{dataset}, {label} (methods at k={k}, B={b})", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
@@ -411,9 +410,10 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
              "micro over questions; evidence recall (end to end): a question's gold leaves kept, unretrieved "
              "gold counting as missed, averaged per question; retrieval recall: gold items retrieved; reader "
              "tokens: the reader's evidence in the reader's tokens (each run's `spec.tokens_in`); encoded "
-             "tokens: what the node encoder read to compress it. `random` and `flat_matched` replay CANOPY's "
-             "run with each item cut to CANOPY's tokens for it (random leaves; best leaves by f_theta); "
-             "`random_total` with random leaves of any item up to CANOPY's tokens for the question.", ""]
+             "tokens: what the node encoder read to compress it. `shipped`: the configured policy (the run's "
+             "setting names it). `random` and `flat_matched` replay shipped's "
+             "run with each item cut to its tokens for it (random leaves; best leaves by f_theta); "
+             "`random_total` with random leaves of any item up to its tokens for the question.", ""]
     pareto = pareto_markdown(runs)
     if pareto:
         lines += ["## Reader tokens vs answer recall", ""] + pareto

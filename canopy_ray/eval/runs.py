@@ -9,8 +9,12 @@ used when they match the node encoder).
 Per question (:func:`question_record`):
 
 - ``em``, ``f1``: the reader's answer against the gold answers (SQuAD normalisation);
+- ``answer_kept``, the headline: a gold answer occurs in the evidence the reader received, the
+  titles and table header rows of the items kept included (an item left out takes its title with
+  it), over the questions whose shown items, whole, hold an answer (``answerable``; none yes/no;
+  :func:`~canopy_ray.core.metrics.kept_answer`);
 - ``answer_recall``: a gold answer occurs in the *body* of the evidence the reader received
-  (reader-free; :func:`~canopy_ray.core.metrics.answer_recall`): each piece without its head,
+  (reader-free; :func:`~canopy_ray.core.metrics.answer_recall`; the titles-aside figure): each piece without its head,
   the item's title and a table's header row (:func:`~canopy_ray.core.evidence.head`), which
   every method keeps, so an answer there says nothing about compression. One- and
   two-character answers are found only as a whole token (a number or a cell); a question
@@ -59,11 +63,12 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from canopy_ray.compressor import Compressor
-from canopy_ray.core.evidence import TokenCounter, head
+from canopy_ray.core.evidence import TokenCounter, head, piece
+from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import Item, Question, iter_jsonl, parse_question
 from canopy_ray.core.splits import in_split, sample_questions
 from canopy_ray.core.metrics import (answer_recall, bootstrap_ci, covered, exact_match, f1_score, informative,
-                                    is_short, paired_difference_ci, ratio_ci)
+                                    is_short, kept_answer, paired_difference_ci, ratio_ci)
 from canopy_ray.eval.cache import CachingEncoder
 from canopy_ray.eval.matched import ReplayBackends
 from canopy_ray.eval.methods import Method
@@ -73,12 +78,12 @@ from canopy_ray.pipeline import Answer, LocalBackends, MemoryRetriever, Pipeline
 SETTINGS = ("given", "open")
 STAGES = ("encode", "search", "fetch", "compress", "llm_critic", "llm_reader", "llm_table", "total")
 # Metrics aggregated per run, in report order; ``higher`` says which direction is better.
-METRICS = ("em", "f1", "answer_recall", "answer_recall_informative", "answer_recall_short", "answer_recall_titled",
+METRICS = ("em", "f1", "answer_kept", "answer_recall", "answer_recall_informative", "answer_recall_short", "answer_recall_titled",
            "refinement_recall", "evidence_recall", "retrieval_recall", "tokens", "tokens_before",
            "tokens_after", "nodes_encoded", "encoded_tokens", "llm_calls", "llm_failures", "rounds",
            "followup_seen_share",
            *(f"latency_{s}" for s in STAGES))
-HIGHER_IS_BETTER = {"em", "f1", "answer_recall", "answer_recall_informative", "answer_recall_short",
+HIGHER_IS_BETTER = {"em", "f1", "answer_kept", "answer_recall", "answer_recall_informative", "answer_recall_short",
                     "answer_recall_titled", "refinement_recall", "evidence_recall", "retrieval_recall"}
 # micro-averaged: the metric's aggregate is sum(numerator) / sum(denominator) over questions
 MICRO = {"refinement_recall": ("refinement_kept", "refinement_gold")}
@@ -178,14 +183,17 @@ def gold_recalls(question: Question, ans: Answer) -> dict:
 
 
 def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float] | None = None,
-                    cache_hits: int = 0, reader: bool = True, heads: Iterable[str] = ()) -> dict:
+                    cache_hits: int = 0, reader: bool = True, heads: Iterable[str] = (),
+                    whole: Iterable[str] = ()) -> dict:
     """The per-question record: identifiers, what happened, and every metric of :data:`METRICS`.
 
     ``reader=False``: the reader was skipped (:class:`SkipReader`), so EM/F1 are undefined and
-    the skipped call is not counted. ``heads``: of the question's candidates (given setting,
-    :func:`~canopy_ray.core.evidence.head`); the retrieved items' heads are added here."""
+    the skipped call is not counted. ``heads`` and ``whole``: of the question's candidates (given
+    setting; :func:`~canopy_ray.core.evidence.head` and :func:`whole_text`); the retrieved items'
+    are added here."""
     saved_s = saved_s or {}
     shown = {*heads, *(head(r.tree.item) for r in ans.results)}
+    wholes = [*whole, *(piece(r.tree, [r.tree.root.span]).text for r in ans.results)]
     useful = informative(question.answers, shown)
     short = any(is_short(a) for a in question.answers)
     body = answer_recall(ans.evidence_body, question.answers) if question.answers else None
@@ -200,6 +208,7 @@ def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float
         "prediction": ans.answer if reader else None,
         "em": exact_match(ans.answer, question.answers) if scored else None,
         "f1": f1_score(ans.answer, question.answers) if scored else None,
+        "answer_kept": kept_answer(question.answers, ans.evidence_text, wholes),
         "answer_recall": body, "informative": useful, "short": short,
         "answer_recall_informative": body if useful else None,
         "answer_recall_short": body if useful and short else None,
@@ -220,6 +229,12 @@ def question_record(question: Question, ans: Answer, saved_s: Mapping[str, float
         "kept_tokens": {r.id: r.tokens_after for r in ans.results},
     }
     return rec
+
+
+def whole_text(item: Item) -> str:
+    """An item as its own piece, whole: its title and every region."""
+    tree = build_tree(item, whole=True)
+    return piece(tree, [tree.root.span]).text
 
 
 def metric_values(records: Iterable[Mapping], metric: str) -> list[float]:
@@ -314,7 +329,7 @@ class Runner:
         frozen = frozen_nodes(encoder)
         self.frozen_encoder = self.encoder if frozen is encoder else CachingEncoder(frozen)
         self._compressors: dict = {}
-        self._references: dict = {}  # CANOPY's records per (sample, settings, setting, index)
+        self._references: dict = {}  # shipped's records per (sample, settings, setting, index)
         self.random_seed = 0  # the random baseline's leaves: seeded per (this, question, item)
         self.vector_cache = None  # one node-vector cache for every method, point and index
         if cfg.models.cache_mb:
@@ -351,35 +366,32 @@ class Runner:
     def _reference_key(self, eval_set: EvalSet, settings: Settings, setting: str, index) -> tuple:
         if setting == "open" and index is None:  # the runner's own, as arun searches it
             index = self.index
-        return (eval_set.name, eval_set.ids_digest, dataclasses.replace(settings, mode="canopy"), setting,
+        return (eval_set.name, eval_set.ids_digest, settings, setting,
                 id(index) if setting == "open" else None)
 
     def reference(self, eval_set: EvalSet, settings: Settings, setting: str = "given", index=None) -> dict:
-        """CANOPY's records (by question id) for this sample and settings, which the matched-budget
-        methods replay: those of a CANOPY run made earlier by this runner, else a CANOPY run
+        """shipped's records (by question id) for this sample and settings, which the matched-budget
+        methods replay: those of a shipped run made earlier by this runner, else one
         made now without the reader (the reader comes last, so the trajectory is the same)."""
         from canopy_ray.eval.methods import get_method
 
         key = self._reference_key(eval_set, settings, setting, index)
         if key not in self._references:
-            canopy = get_method("canopy")
-            self.run(eval_set, canopy, dataclasses.replace(settings, mode="canopy"), setting, index=index,
-                     reader=False)
+            self.run(eval_set, get_method("shipped"), settings, setting, index=index, reader=False)
         return self._references[key]
 
     def add_reference(self, eval_set: EvalSet, settings: Settings, run: Mapping, setting: str = "given",
                       index=None) -> None:
-        """Use a finished CANOPY run (a run JSON) as the reference of the matched-budget methods,
+        """Use a finished shipped run (a run JSON) as the reference of the matched-budget methods,
         when it was made on this sample, with these settings and this node encoder."""
         from canopy_ray.eval.methods import get_method
 
         spec = run["spec"]
         # a settings field the run does not record is newer than the run: its default applied
-        want = {k: v for k, v in dataclasses.asdict(dataclasses.replace(settings, mode="canopy")).items()
-                if k in spec or getattr(Settings(), k) != v}
+        want = {k: v for k, v in spec_settings(settings).items() if k in spec or spec_settings(Settings())[k] != v}
         problems = [f"{k}: {spec.get(k)!r} != {v!r}" for k, v in
-                    {"method": "canopy", "dataset": eval_set.name, "setting": setting,
-                     "question_ids": eval_set.ids_digest, "node_adapter": self.node_adapter_id(get_method("canopy")),
+                    {"method": "shipped", "dataset": eval_set.name, "setting": setting,
+                     "question_ids": eval_set.ids_digest, "node_adapter": self.node_adapter_id(get_method("shipped")),
                      **want}.items() if spec.get(k) != v]
         if problems:
             raise ValueError("the reference run does not match: " + "; ".join(problems))
@@ -394,7 +406,7 @@ class Runner:
             if index is None:
                 raise ValueError("the open setting needs an index (Runner(index=load_index(dir)))")
         if method.matched and reference is None:
-            raise ValueError(f"method {method.name!r} replays a CANOPY run: pass its records as reference")
+            raise ValueError(f"method {method.name!r} replays a shipped run: pass its records as reference")
         enc = self.frozen_encoder if method.frozen else self.encoder
         comp = self.compressor(method.frozen, index)
         client = self.client if reader else SkipReader(self.client)
@@ -407,7 +419,7 @@ class Runner:
                 if method.matched:
                     ref = reference.get(q.id)
                     if ref is None or "error" in ref:
-                        raise ValueError(f"no CANOPY record to replay for {q.id}")
+                        raise ValueError(f"no shipped record to replay for {q.id}")
                     backends = ReplayBackends(method.matched, ref, enc, retriever, comp, client,
                                               seed=self.random_seed, question_id=q.id)
                 else:
@@ -416,27 +428,28 @@ class Runner:
             except Exception as e:  # one broken question must not sink a run; it is counted
                 records.append({"id": q.id, "question": q.question, "error": f"{type(e).__name__}: {e}"})
                 continue
-            if method.matched:  # the replayed critic made no call; follow-ups are CANOPY's
+            if method.matched:  # the replayed critic made no call; follow-ups are shipped's
                 ans.llm_calls.pop("critic", None)
                 ans.llm_failures.pop("critic", None)
                 ans.timings.pop("llm_critic", None)
                 ans.followup_seen = ans.followup_total = 0
             saved = Counter(getattr(self.client, "saved_s", {}))
             saved.subtract(saved0)
-            heads = [head(eval_set.items[c]) for c in q.candidates if c in eval_set.items]
-            records.append(question_record(q, ans, +saved, getattr(self.client, "hits", 0) - hits0, reader, heads))
+            shown = [eval_set.items[c] for c in q.candidates if c in eval_set.items]
+            records.append(question_record(q, ans, +saved, getattr(self.client, "hits", 0) - hits0, reader,
+                                           [head(it) for it in shown], [whole_text(it) for it in shown]))
             if progress:
                 progress(i + 1, len(eval_set.questions))
         return records
 
     def refinement(self) -> dict:
-        """The compressor's refinement (``refinement`` config section; the margin resolved)."""
-        return self.cfg.refinement.model_dump() | {"margin": self.cfg.margin}
+        """The configured policy (``shipped``'s; an auto margin resolved) and Algorithm 1's margin."""
+        return {"policy": str(self.cfg.policy), "margin": self.cfg.margin}
 
     def run(self, eval_set: EvalSet, method: Method, settings: Settings | None = None, setting: str = "given",
             progress=None, index=None, reader: bool = True) -> dict:
         """A finished run: ``{spec, records, aggregate, errors, wall_s}``. A matched-budget method
-        replays CANOPY's run of the same sample and settings (:meth:`reference`)."""
+        replays shipped's run of the same sample and settings (:meth:`reference`)."""
         from canopy_ray.models.llm.tokens import counter_name
 
         settings = settings or method.settings(self.base_settings())
@@ -444,7 +457,7 @@ class Runner:
         reference = self.reference(eval_set, settings, setting, index) if method.matched else None
         records = asyncio.run(self.arun(eval_set, method, settings, setting, progress, index, reader, reference))
         good = [r for r in records if "error" not in r]
-        if method.name == "canopy":
+        if method.name == "shipped":
             self._references[self._reference_key(eval_set, settings, setting, index)] = {r["id"]: r for r in records}
         return {
             "spec": run_spec(eval_set, method, settings, setting, self.node_adapter_id(method),
@@ -459,17 +472,22 @@ class Runner:
         }
 
 
+def spec_settings(settings: Settings) -> dict:
+    """The settings as a run's spec records them (JSON: the policy as its text)."""
+    return dataclasses.asdict(settings) | {"policy": str(settings.policy)}
+
+
 def run_spec(eval_set: EvalSet, method: Method, settings: Settings, setting: str, adapter_id: str,
              llm_model: str = "") -> dict:
     """What a run's results depend on; a sweep reruns a point only when this changes."""
     candidates = Counter(len(q.candidates) for q in eval_set.questions)
-    return {"dataset": eval_set.name, "method": method.name, "setting": setting, **dataclasses.asdict(settings),
+    return {"dataset": eval_set.name, "method": method.name, "setting": setting, **spec_settings(settings),
             "node_adapter": adapter_id, "llm_model": llm_model, "split": eval_set.split, "seed": eval_set.seed,
             "n_questions": len(eval_set.questions), "question_ids": eval_set.ids_digest,
             "candidates": {str(k): v for k, v in sorted(candidates.items())}}
 
 
-def comparison(runs: Mapping[str, dict], baseline: str = "canopy", metrics: Sequence[str] = METRICS) -> dict:
+def comparison(runs: Mapping[str, dict], baseline: str = "shipped", metrics: Sequence[str] = METRICS) -> dict:
     """Paired differences of every run against ``baseline`` (``method - baseline``)."""
     if baseline not in runs:
         return {}

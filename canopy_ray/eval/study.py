@@ -2,42 +2,29 @@
 
 Every node of every candidate item is scored once per question and split (cosine with f_theta
 and with f0, and BM25 within the question's candidates), cached under ``--work``; then each
-policy is replayed from those scores. A policy's row holds the reader's evidence tokens
-against passing every item whole (``no_projection``) and the informative body answer recall
-(:func:`canopy_ray.core.metrics.answer_recall` of :func:`canopy_ray.core.evidence.evidence_body`,
-on the questions :func:`canopy_ray.core.metrics.informative` admits), with paired 95% intervals.
+policy is replayed from those scores through the compressor's own composition
+(:func:`canopy_ray.core.scoring.compose`) and selection (:meth:`canopy_ray.core.policy.Policy.keep`).
+A row is (base scorer, policy): ``tuned`` (f_theta), ``f0`` (frozen) or, with ``--cross DIR``,
+``cross`` (the cross-encoder node scorer of :mod:`canopy_ray.train.cross`, a probability), and a
+policy in the text form of ``refinement.policy``. It holds the reader's evidence tokens against
+passing every item whole (``whole``) and the headline answer recall
+(:func:`canopy_ray.core.metrics.kept_answer`: an answer in the kept evidence, kept items' titles
+included, over the questions whose items hold one), with paired 95% intervals, and the
+titles-aside figure (body answer recall on the :func:`~canopy_ray.core.metrics.informative` questions).
 
-Policies, over the scores ``tuned`` (f_theta), ``f0`` (frozen) or either ``+bm25:w`` (plus w
-times BM25 scaled to [0, 1] within the question); ``tuned+bm25:0.8+prf:w`` adds w times BM25 of
-the question expanded by the best leaf of each of the two best items (pseudo-relevance feedback,
-for the second hop of a multi-hop question); ``tuned+bm25:0.4+len:beta`` adds beta times the log
-of the node's words (:func:`log_words`); ``tuned+bm25:0.4+link:w`` adds w to every node of an item
-that one of the two best items names (``link1``: the best one; :func:`link_terms`); ``qlink``
-reads the items the question names by title too (as ``refinement.link``: a bridge question's first
-paragraph names the second, wherever it ranks); ``+title:w`` adds w to every node of an item the
-question names by title (:func:`canopy_ray.core.lexical.titled`, as ``refinement.title``; before
-the link term, it lifts that first paragraph among the best items); with ``--cross DIR`` also
-``cross`` (the cross-encoder node scorer of :mod:`canopy_ray.train.cross`, a probability) alone,
-with BM25, added to ``tuned+bm25:0.8``, and added to ``tuned+bm25:0.4+link:0.2`` and to
-``tuned+bm25:0.4+title:0.1+link:0.2`` (the link term then ranks items by the sum, as
-``refinement.cross`` and ``refinement.link`` do together; these rows read the two best items only,
-so a config with a cross-encoder matches no row):
+The study also tries what no product config runs (:data:`STUDY_KEYS`), in its own policy text:
+``gate margin=M below=D`` (Algorithm 1, then an item whose best visited node scores more than D
+below the best item's is left out; ``gate-leaf``: cut to its best leaf), ``lead share=S`` (the
+hybrid, and an item with a chosen leaf keeps its first one too), ``fallback=E`` (a chosen node
+also rises when its parent scores less than E below it), ``prf=W`` (BM25 of the question
+expanded by the best leaf of each of the two best items), ``len=B`` (B times the log of a node's
+words) and ``hop1=W`` / ``hop2=W`` (the link term from the best item, or the two best, without
+the items the question names).
 
-- ``canopy m``: Algorithm 1 at margin m (:func:`canopy_ray.core.refine.refine`);
-- ``gate m/d``: refinement at margin m, then an item whose best visited node scores below the
-  question's best item's by more than d is left out (``gate-leaf m/d``: cut to its best leaf);
-- ``hybrid r`` (``hybrid r/e``): the paper's remedy for flat selection's precision: the top r share
-  of all the question's leaves ranked globally, each then raised to its parent while the parent
-  scores at least as high (or less than e below: its uncertainty fallback), so the parent-child
-  rule decides the stopping depth (:func:`canopy_ray.core.refine.hybrid`); ``lead r``: the same,
-  and an item with a chosen leaf keeps its first one too;
-- ``flat r``: the same top r share of leaves, not raised (flat selection at that budget);
-- ``cut d`` (``cut d/r``): the leaves scoring within d of the question's best leaf (among the top r
-  share), raised as the hybrid's: a budget that follows how clearly the question's best evidence
-  stands out instead of a fixed share (``refinement.cutoff``).
-
-A second table gives each scorer's decision accuracy and gold recall on the questions' gold
-items (:func:`gold_stats`). Tables follow the rules classifier (aggregation tables whole), as
+Chosen on validation by :func:`choose`; ``--write-config FILE`` writes the pick into a config's
+``refinement.policy`` (``scripts/reproduce_eval.sh`` writes ``configs/cpu.yaml``). A second table
+gives each scorer's decision accuracy and gold recall on the questions' gold items
+(:func:`gold_stats`). Tables follow the rules classifier (aggregation tables whole), as
 ``critic.table_classifier: rules``. Run ``python -m canopy_ray.eval.study --split validation``
 and ``--split test`` (two processes; the second to finish writes ``results/study/study.md`` and
 ``.json``) on the sets ``canopy data convert`` wrote to ``runs/data`` (``scripts/reproduce_eval.sh``
@@ -49,7 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -58,9 +47,12 @@ from canopy_ray.core.evidence import evidence_body, head, node_text, piece, rend
 from canopy_ray.core.files import digest
 from canopy_ray.core.hierarchy import ItemTree, Span, build_tree
 from canopy_ray.core.items import TableItem
-from canopy_ray.core.lexical import best_of, bm25, named, scaled, titled
-from canopy_ray.core.metrics import answer_recall, bootstrap_ci, informative, paired_difference_ci, refinement_stats
-from canopy_ray.core.refine import drive, gate, hybrid, refine, score_lazily, top_leaves
+from canopy_ray.core.lexical import bm25, scaled, titled
+from canopy_ray.core.metrics import (answer_recall, bootstrap_ci, informative, kept_answer, paired_difference_ci,
+                                    refinement_stats)
+from canopy_ray.core.policy import Policy
+from canopy_ray.core.refine import drive, gate, hybrid, score_lazily
+from canopy_ray.core.scoring import compose, linked
 from canopy_ray.core.table_rules import table_kind
 
 SETS = ("hotpotqa", "nq", "tatqa")
@@ -121,10 +113,45 @@ def cross_scores(questions, trees_per_question, recs: list[dict], scorer, path: 
         rec["cross"] = s
 
 
+STUDY_KEYS = ("below", "fallback", "prf", "len", "hop1", "hop2")
+STUDY_KINDS = {"gate": "canopy", "gate-leaf": "canopy", "lead": "hybrid"}  # and the policy each builds on
+
+
+@dataclass(frozen=True)
+class StudyPolicy:
+    """A study row's policy: a product :class:`~canopy_ray.core.policy.Policy`, or one with the
+    study's own kinds and keys (``extra``) beside it. ``str()`` is the row's name."""
+
+    text: str
+    policy: Policy
+    kind: str
+    extra: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> "StudyPolicy":
+        kind, *pairs = text.split()
+        extra = tuple((k, float(v)) for k, _, v in (p.partition("=") for p in pairs) if k in STUDY_KEYS)
+        core = [p for p in pairs if p.partition("=")[0] not in STUDY_KEYS]
+        policy = Policy.parse(" ".join([STUDY_KINDS.get(kind, kind), *core]))
+        name = text if extra or kind in STUDY_KINDS else str(policy)  # a product policy by its one name
+        return cls(name, policy, kind, extra)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def get(self, key: str) -> float | None:
+        return dict(self.extra).get(key)
+
+    @property
+    def product(self) -> bool:
+        """Whether a config can run it (``refinement.policy``)."""
+        return not self.extra and self.kind not in STUDY_KINDS
+
+
 def feedback(question: str, trees: list[ItemTree], rec: dict, items: int = 2) -> list[float]:
     """BM25 (scaled) of every node against the question plus the text of the best leaf (by
-    ``tuned+bm25:0.8``) of each of the ``items`` best items."""
-    scores = node_scores(rec, "tuned+bm25:0.8", len(trees))
+    ``tuned`` + 0.8 BM25) of each of the ``items`` best items."""
+    scores = node_scores(rec, "tuned", StudyPolicy.parse("hybrid bm25=0.8"), len(trees))
     best = [max((n.span for n in t.nodes() if n.is_leaf), key=sc.__getitem__) for t, sc in zip(trees, scores)]
     top = sorted(range(len(trees)), key=lambda i: -scores[i][best[i]])[:items]
     return scaled(bm25(" ".join([question] + [node_text(trees[i], best[i]) for i in top]),
@@ -132,24 +159,11 @@ def feedback(question: str, trees: list[ItemTree], rec: dict, items: int = 2) ->
 
 
 def item_texts(trees: list[ItemTree], rec: dict) -> dict:
-    """What :func:`link_terms` reads: the items' titles and bodies, and which nodes are leaves (a
+    """What the link term reads: the items' titles and bodies, and which nodes are leaves (a
     single-node item's root is its leaf)."""
     leaves = [{n.span for n in t.nodes() if n.is_leaf} for t in trees]
     return {"titles": [t.item.title for t in trees], "bodies": [piece(t, [t.root.span]).body for t in trees],
             "leaf": [tuple(span) in leaves[i] for i, span in rec["nodes"]]}
-
-
-def link_terms(rec: dict, s: np.ndarray, items: int, also=()) -> list[float]:
-    """1 for every node of an item that one of the ``items`` best items (by ``s``, their best leaf)
-    or of ``also`` names (:func:`canopy_ray.core.lexical.named`), else 0."""
-    best = best_of(len(rec["titles"]), ((i, v) for (i, _), v, leaf in zip(rec["nodes"], s, rec["leaf"]) if leaf))
-    hit = named(rec["titles"], rec["bodies"].__getitem__, best, items, also)
-    return [float(hit[i]) for i, _ in rec["nodes"]]
-
-
-def title_terms(rec: dict) -> list[float]:
-    """1 for every node of an item the question names by title (``rec["titled"]``), else 0."""
-    return [float(i in rec["titled"]) for i, _ in rec["nodes"]]
 
 
 def prepared(name: str, split: str, data: Path, work: Path, encoder) -> tuple:
@@ -163,35 +177,41 @@ def prepared(name: str, split: str, data: Path, work: Path, encoder) -> tuple:
     recs = score_set(es, encoder, work / f"{name}-{split}-{digest([encoder.model_id, encoder.adapter_id], 12)}.json")
     trees = [trees_of(q, es.items) for q in es.questions]
     for q, ts, rec in zip(es.questions, trees, recs):
-        rec["prf"], rec["len"] = feedback(q.question, ts, rec), log_words(ts, rec)
         rec.update(item_texts(ts, rec))
-        rec["titled"] = [i for i, hit in enumerate(titled(rec["titles"], q.question)) if hit]
-        rec["title"] = title_terms(rec)
+        rec["titled"] = titled(rec["titles"], q.question)
+        rec["prf"], rec["len"] = feedback(q.question, ts, rec), log_words(ts, rec)
     return es, trees, recs
 
 
 def log_words(trees: list[ItemTree], rec: dict) -> list[float]:
-    """log(words) of every node's text: ``+len:beta`` lets a (longer) parent win more of its
-    comparisons with its children when beta > 0, and fewer when beta < 0."""
+    """log(words) of every node's text: ``len=B`` lets a (longer) parent win more of its
+    comparisons with its children when B > 0, and fewer when B < 0."""
     return [math.log(max(1, len(node_text(trees[i], tuple(span)).split()))) for i, span in rec["nodes"]]
 
 
-def node_scores(rec: dict, scorer: str, n_items: int) -> list[dict[Span, float]]:
-    """``base+name:w+...``: the base score plus w times each named one (BM25 scaled to [0, 1])."""
-    base, *terms = scorer.split("+")
-    s = np.asarray(rec[base], float)
-    for term in terms:
-        name, _, w = term.partition(":")
-        if name.startswith("link"):  # the items the best ones (by the terms before it) name
-            term = link_terms(rec, s, int(name[4:] or 2))
-        elif name == "qlink":  # and those the items the question names by title name
-            term = link_terms(rec, s, 2, rec["titled"])
-        else:
-            term = scaled(rec["bm25"]) if name == "bm25" else rec[name]
-        s = s + float(w) * np.asarray(term, float)
+def node_scores(rec: dict, base: str, sp: StudyPolicy, n_items: int) -> list[dict[Span, float]]:
+    """Every node's score as the compressor composes it (:func:`canopy_ray.core.scoring.compose`),
+    the study's ``prf`` and ``len`` terms added to the cosine before it, a ``hop`` term in the
+    link term's place."""
+    s = np.asarray(rec[base], np.float32)
+    for key in ("prf", "len"):
+        if sp.get(key):
+            s = s + np.float32(sp.get(key)) * np.asarray(rec[key], np.float32)
+    terms, asked, items = sp.policy.terms, [i for i, hit in enumerate(rec["titled"]) if hit], 2
+    for hop in ("hop1", "hop2"):
+        if sp.get(hop):
+            terms, asked, items = replace(terms, link=sp.get(hop)), [], int(hop[3])
+    item_of = [i for i, _ in rec["nodes"]]
+
+    def link(partial):
+        return linked(rec["titles"], rec["bodies"].__getitem__,
+                      ((i, v) for i, v, leaf in zip(item_of, partial.tolist(), rec["leaf"]) if leaf), asked, items)
+
+    s = compose(s, item_of, terms, bm25=scaled(rec["bm25"]) if terms.bm25 else None, cross=rec.get("cross"),
+                titled=rec["titled"], link=link)
     out: list[dict[Span, float]] = [{} for _ in range(n_items)]
-    for (i, span), v in zip(rec["nodes"], s):
-        out[i][tuple(span)] = float(v)
+    for (i, span), v in zip(rec["nodes"], s.tolist()):
+        out[i][tuple(span)] = v
     return out
 
 
@@ -201,27 +221,17 @@ def visited_best(tree: ItemTree, sc: dict[Span, float], margin: float) -> float:
     return max(seen.values()) if seen else sc[tree.root.span]
 
 
-def apply(policy: str, trees: list[ItemTree], scores: list[dict[Span, float]]) -> list[list[Span]]:
+def apply(sp: StudyPolicy, trees: list[ItemTree], scores: list[dict[Span, float]]) -> list[list[Span]]:
     """Kept spans per item (empty: the item is left out)."""
-    name, _, arg = policy.partition(" ")
-    if name in ("canopy", "gate", "gate-leaf"):
-        m, _, d = arg.partition("/")
-        kept = [refine(t.root, sc, float(m)) if t.root.children else [t.root.span] for t, sc in zip(trees, scores)]
-        if name == "canopy":
-            return kept
-        stay = gate([visited_best(t, sc, float(m)) for t, sc in zip(trees, scores)], float(d))
+    roots, p = [t.root for t in trees], sp.policy
+    if sp.kind in ("gate", "gate-leaf"):
+        kept = p.keep(roots, scores)
+        stay = gate([visited_best(t, sc, p.margin) for t, sc in zip(trees, scores)], sp.get("below") or 0.0)
         leaf = [[max((n.span for n in t.nodes() if n.is_leaf), key=lambda s: sc[s])] for t, sc in zip(trees, scores)]
-        return [k if ok else (b if name == "gate-leaf" else []) for k, ok, b in zip(kept, stay, leaf)]
-    if name in ("hybrid", "lead"):  # "hybrid share" or "hybrid share/fallback"
-        share, _, fb = arg.partition("/")
-        return hybrid([t.root for t in trees], scores, float(share), float(fb or 0), lead=name == "lead")
-    if name == "cut":  # "cut d" or "cut d/share"
-        d, _, share = arg.partition("/")
-        return hybrid([t.root for t in trees], scores, float(share or 1), cutoff=float(d))
-    if name == "flat":  # the same leaves as the hybrid chooses, not raised
-        chosen = top_leaves([t.root for t in trees], scores, float(arg))
-        return [sorted(c) if t.root.children else [t.root.span] for t, c in zip(trees, chosen)]
-    raise ValueError(f"unknown policy {policy!r}")
+        return [k if ok else (b if sp.kind == "gate-leaf" else []) for k, ok, b in zip(kept, stay, leaf)]
+    if sp.kind == "lead" or sp.get("fallback"):
+        return hybrid(roots, scores, p.share, sp.get("fallback") or 0.0, lead=sp.kind == "lead", cutoff=p.cutoff)
+    return p.keep(roots, scores)
 
 
 def gold_stats(question, trees: list[ItemTree], scores: list[dict[Span, float]], kept: list[list[Span]]) -> list:
@@ -238,52 +248,74 @@ def gold_stats(question, trees: list[ItemTree], scores: list[dict[Span, float]],
     return out
 
 
-def evaluate(policy: str, scorer: str, questions, trees_per_question, recs: list[dict], count) -> list[dict]:
+WHOLE = StudyPolicy.parse("whole")
+
+
+def evaluate(sp: StudyPolicy, base: str, questions, trees_per_question, recs: list[dict], count) -> list[dict]:
     rows = []
     for q, trees, rec in zip(questions, trees_per_question, recs):
-        scores = node_scores(rec, scorer, len(trees))
-        kept = [[t.root.span] for t in trees] if policy == "whole" else apply(policy, trees, scores)
+        scores = node_scores(rec, base, sp, len(trees))
+        kept = apply(sp, trees, scores)
         pieces = [piece(t, k) for t, k in zip(trees, kept) if k]
         useful = bool(q.answers) and informative(q.answers, [head(t.item) for t in trees])
+        whole = [piece(t, [t.root.span]).text for t in trees]
         rows.append({"tokens": count(render_evidence(pieces)),
-                     "recall": answer_recall(evidence_body(pieces), q.answers) if useful else None,
+                     "recall": kept_answer(q.answers, render_evidence(pieces), whole),
+                     "recall_inf": answer_recall(evidence_body(pieces), q.answers) if useful else None,
                      "gold": gold_stats(q, trees, scores, kept)})
     return rows
+
+
+def _paired(rows: list[dict], whole: list[dict], key: str) -> dict:
+    pairs = [(r[key], w[key]) for r, w in zip(rows, whole) if r[key] is not None]
+    r, d = bootstrap_ci([a for a, _ in pairs]), paired_difference_ci([a for a, _ in pairs], [b for _, b in pairs])
+    return {"recall": r.mean, "recall_ci": [r.low, r.high], "delta": d.mean, "delta_ci": [d.low, d.high],
+            "n": len(pairs)}
 
 
 def summary(rows: list[dict], whole: list[dict]) -> dict:
     tok = np.array([r["tokens"] for r in rows], float)
     base = np.array([r["tokens"] for r in whole], float)
-    pairs = [(r["recall"], w["recall"]) for r, w in zip(rows, whole) if r["recall"] is not None]
-    rec = [a for a, _ in pairs]
-    r, d = bootstrap_ci(rec), paired_difference_ci(rec, [b for _, b in pairs])
+    head_, inf = _paired(rows, whole, "recall"), _paired(rows, whole, "recall_inf")
     gold = [g for row in rows for g in row["gold"]]
-    return {"tokens": float(tok.mean()), "saved": float(1 - tok.sum() / base.sum()),
-            "recall": r.mean, "recall_ci": [r.low, r.high],
-            "delta": d.mean, "delta_ci": [d.low, d.high], "n": len(rows), "n_inf": len(rec),
+    return {"tokens": float(tok.mean()), "saved": float(1 - tok.sum() / base.sum()), **head_,
+            "n_ans": head_.pop("n"), "n": len(rows),
+            # the titles-aside figure: body answer recall on the informative questions
+            "recall_inf": inf["recall"], "delta_inf": inf["delta"], "delta_inf_ci": inf["delta_ci"], "n_inf": inf["n"],
             # micro counts, pooled over the sets by the decisions table
             "preferences": [sum(g.pref_correct for g in gold), sum(g.pref_nodes for g in gold)],
             "gold_leaves": [sum(g.gold_kept for g in gold), sum(g.gold_leaves for g in gold)]}
 
 
-SCORERS = ("f0", "f0+bm25:0.4",
-           "tuned", "tuned+bm25:0.2", "tuned+bm25:0.4", "tuned+bm25:0.8", "tuned+bm25:1.2", "tuned+bm25:1.6",
-           "tuned+bm25:0.8+prf:0.2", "tuned+bm25:0.8+prf:0.4", "tuned+bm25:0.8+prf:0.8",
-           "tuned+bm25:0.4+len:-0.04", "tuned+bm25:0.4+len:-0.02", "tuned+bm25:0.4+len:0.02", "tuned+bm25:0.4+len:0.04",
-           "tuned+bm25:0.4+link1:0.2", "tuned+bm25:0.4+link:0.1", "tuned+bm25:0.4+link:0.2", "tuned+bm25:0.4+link:0.4",
-           "tuned+bm25:0.4+title:0.1", "tuned+bm25:0.4+title:0.1+link:0.2", "tuned+bm25:0.4+title:0.2+link:0.2",
-           "tuned+bm25:0.4+title:0.4+link:0.2",
-           "tuned+bm25:0.4+qlink:0.2", "tuned+bm25:0.4+title:0.1+qlink:0.2", "tuned+bm25:0.4+title:0.2+qlink:0.2")
-CROSS = ("cross", "cross+bm25:0.2", "cross+bm25:0.4", "cross+bm25:0.8",
-         "tuned+bm25:0.8+cross:0.2", "tuned+bm25:0.8+cross:0.4",
-         "tuned+bm25:0.4+cross:0.2+link:0.2", "tuned+bm25:0.4+cross:0.4+link:0.2",
-         "tuned+bm25:0.4+cross:0.2+title:0.1+link:0.2")
-POLICIES = (["canopy 0", "canopy 0.05"] + [f"{g} 0.05/{d}" for g in ("gate", "gate-leaf") for d in (0.1, 0.2)]
-            + [f"{p} {r}" for p in ("hybrid", "lead", "flat") for r in (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6)]
-            + ["hybrid 0.4/0.02", "hybrid 0.5/0.02", "lead 0.4/0.02", "lead 0.5/0.02"]
-            + [f"cut {d}" for d in (0.4, 0.5, 0.6)] + [f"cut {d}/0.4" for d in (0.8, 0.9, 1)])
-# Within these of passing items whole (informative body answer recall, points): the issue's bar
+# The score terms tried with every ranking selection, per base scorer ("": the cosine alone)
+TERMS = {"f0": ("", "bm25=0.4"),
+         "tuned": ("", "bm25=0.2", "bm25=0.4", "bm25=0.8", "bm25=1.2", "bm25=1.6",
+                   "bm25=0.8 prf=0.2", "bm25=0.8 prf=0.4", "bm25=0.8 prf=0.8",
+                   "bm25=0.4 len=-0.04", "bm25=0.4 len=-0.02", "bm25=0.4 len=0.02", "bm25=0.4 len=0.04",
+                   "bm25=0.4 hop1=0.2", "bm25=0.4 hop2=0.1", "bm25=0.4 hop2=0.2", "bm25=0.4 hop2=0.4",
+                   "bm25=0.4 title=0.1", "bm25=0.4 title=0.1 hop2=0.2", "bm25=0.4 title=0.2 hop2=0.2",
+                   "bm25=0.4 title=0.4 hop2=0.2",
+                   "bm25=0.4 link=0.2", "bm25=0.4 title=0.1 link=0.2", "bm25=0.4 title=0.2 link=0.2")}
+CROSS_TERMS = {"cross": ("", "bm25=0.2", "bm25=0.4", "bm25=0.8"),
+               "tuned": ("bm25=0.8 cross=0.2", "bm25=0.8 cross=0.4", "bm25=0.4 cross=0.2 link=0.2",
+                         "bm25=0.4 cross=0.4 link=0.2", "bm25=0.4 cross=0.2 title=0.1 link=0.2")}
+# Selections: those that rank leaves take every TERMS entry; Algorithm 1's scores by cosine alone
+RANKED = ([f"{p} share={r}" for p in ("hybrid", "lead", "flat") for r in (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6)]
+          + [f"{p} share={r} fallback=0.02" for p in ("hybrid", "lead") for r in (0.4, 0.5)]
+          + [f"hybrid share=1 cutoff={d}" for d in (0.4, 0.5, 0.6)] + [f"hybrid share=0.4 cutoff={d}" for d in (0.8, 0.9, 1)])
+PLAIN = (["canopy margin=0", "canopy margin=0.05"]
+         + [f"{g} margin=0.05 below={d}" for g in ("gate", "gate-leaf") for d in (0.1, 0.2)])
+# Within these of passing items whole (headline answer recall, points): the issue's bar
 TOLERANCE = {"hotpotqa": 0.02, "nq": 0.02, "tatqa": 0.01}
+
+
+def rows_of(terms: dict[str, tuple[str, ...]]) -> list[tuple[str, StudyPolicy]]:
+    """Every (base, policy) of ``terms`` with every selection it combines with."""
+    out = []
+    for base, extra in terms.items():
+        out += [(base, StudyPolicy.parse(sel)) for sel in PLAIN if "" in extra]
+        out += [(base, StudyPolicy.parse(f"{sel} {t}".strip())) for t in extra for sel in RANKED]
+    return out
 
 
 def choose(val: dict) -> tuple[str, str]:
@@ -294,55 +326,69 @@ def choose(val: dict) -> tuple[str, str]:
     return max(ok)[1] if ok else max((np.mean([val[s][k]["delta"] for s in SETS]), k) for k in val[SETS[0]])[1]
 
 
-def shipped(cfg) -> tuple[str, str]:
-    """The (scorer, policy) a config's refinement runs, in this study's names."""
-    r = cfg.refinement
-    if r.mode == "canopy":
-        return "tuned", f"canopy {cfg.margin:g}"
-    scorer = "tuned" + (f"+bm25:{r.lexical:g}" if r.lexical else "") + (f"+cross:{r.cross:g}" if r.cross else "") \
-        + (f"+title:{r.title:g}" if r.title else "") + (f"+qlink:{r.link:g}" if r.link else "")
-    policy = f"{'lead' if r.lead else 'hybrid'} {r.share:g}" + (f"/{r.fallback:g}" if r.fallback else "")
-    if r.cutoff is None:
-        return scorer, policy
-    # the study's cut policies are the plain hybrid's; with lead or a fallback the name matches none
-    return scorer, f"{policy} cut {r.cutoff:g}" if r.lead or r.fallback else f"cut {r.cutoff:g}/{r.share:g}"
+def write_config(path: Path, chosen: tuple[str, str]) -> None:
+    """The pick written into a config's ``refinement.policy`` (its line replaced, the rest kept)."""
+    base, text = chosen
+    sp = StudyPolicy.parse(text)
+    if base != "tuned" or not sp.product:
+        raise ValueError(f"the pick {base} / {text} is no policy a config runs (f_theta and a product policy): "
+                         f"{path} left as it is")
+    src = path.read_text()
+    new, n = re.subn(r"(?m)^(  policy: ).*$", lambda m: m.group(1) + str(sp), src)
+    if n != 1:
+        raise ValueError(f"{path} has no one 'policy:' line under refinement")
+    path.write_text(new)
 
 
 def table(results: dict, chosen: tuple[str, str], split: str, ship: tuple[str, str] | None = None) -> list[str]:
     lines = [f"### {split}", "",
-             "| scorer | policy | " + " | ".join(f"{s} saved | {s} recall [95%] | {s} Δ vs whole [95%]" for s in SETS)
-             + " |", "|---|---|" + "---|" * (3 * len(SETS))]
+             "| scorer | policy | " + " | ".join(f"{s} saved | {s} answer kept [95%] | {s} Δ vs whole [95%] | "
+                                                 f"{s} Δ titles aside" for s in SETS)
+             + " |", "|---|---|" + "---|" * (4 * len(SETS))]
     for key in results[SETS[0]]:
         cells = []
         for s in SETS:
             r = results[s][key]
             cells += [f"{100 * r['saved']:.1f}%", f"{r['recall']:.3f} [{r['recall_ci'][0]:.3f}, {r['recall_ci'][1]:.3f}]",
-                      f"{100 * r['delta']:+.1f} [{100 * r['delta_ci'][0]:+.1f}, {100 * r['delta_ci'][1]:+.1f}]"]
+                      f"{100 * r['delta']:+.1f} [{100 * r['delta_ci'][0]:+.1f}, {100 * r['delta_ci'][1]:+.1f}]",
+                      f"{100 * r['delta_inf']:+.1f}"]
         mark = (" **(chosen)**" if key == chosen else "") + (" **(shipped)**" if key == ship else "")
         lines.append(f"| {key[0]} | {key[1]}{mark} | " + " | ".join(cells) + " |")
     return lines
 
 
+def scorer_of(key: tuple[str, str]) -> tuple[str, str]:
+    """A row's scorer: its base and the policy's score terms (the selection aside)."""
+    base, text = key
+    return base, " ".join(p for p in text.split()[1:] if p.partition("=")[0] not in
+                          ("margin", "share", "top", "cutoff", "below", "fallback"))
+
+
 def decisions(results: dict, split: str, ship: tuple[str, str]) -> list[str]:
-    """Each scorer's decision accuracy on the gold items (policy-free: its preferences) and the
-    gold recall of Algorithm 1 and of the shipped policy with it, micro, pooled over the sets."""
+    """Each scorer's decision accuracy on the gold items (its preferences, whatever the selection)
+    and the gold recall of Algorithm 1 and of the shipped selection with it, micro, pooled over the sets."""
     def pct(key, field, sets=SETS):
         counts = [results[s].get(key, {}).get(field) for s in sets]
-        if None in counts:  # a row from a run before these counts were kept
+        if None in counts:
             return "-"
         hit, n = (sum(c[i] for c in counts) for i in (0, 1))
         return f"{100 * hit / n:.1f}" if n else "-"
 
+    selection = " ".join(p for p in ship[1].split() if scorer_of((ship[0], p))[1] == "")
     lines = [f"### {split}: decisions on gold items", "",
              "| scorer | " + " | ".join(f"decision accuracy, {s}" for s in SETS) + " | decision accuracy, all | "
-             f"gold recall, canopy 0 | gold recall, {ship[1]} |", "|---|" + "---|" * (len(SETS) + 3)]
-    for scorer in dict.fromkeys(k[0] for k in results[SETS[0]]):
-        a1, sh = (scorer, "canopy 0"), (scorer, ship[1])
-        cells = [pct(a1, "preferences", [s]) for s in SETS] + [pct(a1, "preferences"), pct(a1, "gold_leaves"),
-                                                              pct(sh, "gold_leaves")]
-        if set(cells) != {"-"}:
-            mark = " **(shipped)**" if scorer == ship[0] else ""
-            lines.append(f"| {scorer}{mark} | " + " | ".join(cells) + " |")
+             f"gold recall, canopy margin=0 | gold recall, {selection} |", "|---|" + "---|" * (len(SETS) + 3)]
+    by_scorer: dict = {}
+    for key in results[SETS[0]]:
+        by_scorer.setdefault(scorer_of(key), key)  # any row of the scorer has its preferences
+    for scorer, any_row in by_scorer.items():
+        a1 = (scorer[0], "canopy margin=0") if not scorer[1] else None
+        sh = (scorer[0], str(StudyPolicy.parse(f"{selection} {scorer[1]}".strip())))
+        cells = [pct(any_row, "preferences", [s]) for s in SETS] + [pct(any_row, "preferences"),
+                                                                   pct(a1, "gold_leaves") if a1 else "-",
+                                                                   pct(sh, "gold_leaves")]
+        mark = " **(shipped)**" if scorer == scorer_of(ship) else ""
+        lines.append(f"| {scorer[0]} {scorer[1] or '(cosine)'}{mark} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -354,11 +400,13 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=None)
     ap.add_argument("--adapter", default=None, help="f_theta's adapter (default: the config's); give it its own --work")
     ap.add_argument("--cross", default=None, help="a cross-encoder scorer (canopy_ray.train.cross): adds the "
-                    "scorers that use it (CROSS)")
+                    "rows that use it (CROSS_TERMS)")
     ap.add_argument("--split", choices=["validation", "test"], default=None,
                     help="score and replay one split only (two processes in parallel); the tables are "
                          "written once both splits' results are in --work")
     ap.add_argument("--tables", action="store_true", help="only write the tables from the results in --work")
+    ap.add_argument("--write-config", default=None, metavar="FILE",
+                    help="write the pick into FILE's refinement.policy (configs/cpu.yaml)")
     args = ap.parse_args(argv)
     from canopy_ray.config import load_config
     from canopy_ray.models.encoder import build_encoder
@@ -373,6 +421,7 @@ def main(argv=None) -> int:
 
         cross = CrossScorer(args.cross, max_length=cfg.models.max_length)
     scorers = {"tuned": f"{encoder.model_id}:{encoder.adapter_id}", "cross": cross.adapter_id if cross else None}
+    keys = rows_of(TERMS) + (rows_of(CROSS_TERMS) if cross else [])
     work = Path(args.work)
     for split in [] if args.tables else [args.split] if args.split else ["validation", "test"]:
         res = {}
@@ -380,9 +429,9 @@ def main(argv=None) -> int:
             es, trees, recs = prepared(s, split, Path(args.data), work, encoder)
             if cross is not None:  # cached under its identity too
                 cross_scores(es.questions, trees, recs, cross, work / f"{s}-{split}-{cross.adapter_id.replace(':', '-')}.json")
-            whole = evaluate("whole", "tuned", es.questions, trees, recs, count)
-            res[s] = [{"scorer": sc, "policy": p, **summary(evaluate(p, sc, es.questions, trees, recs, count), whole)}
-                      for sc in SCORERS + (CROSS if cross else ()) for p in POLICIES]
+            whole = evaluate(WHOLE, "tuned", es.questions, trees, recs, count)
+            res[s] = [{"scorer": base, "policy": str(sp),
+                       **summary(evaluate(sp, base, es.questions, trees, recs, count), whole)} for base, sp in keys]
             print(f"{split} {s}: {len(es.questions)} questions", flush=True)
         (work / f"results-{split}.json").write_text(json.dumps({"scorers": scorers, "sets": res}))
     if not all((work / f"results-{split}.json").is_file() for split in ("validation", "test")):
@@ -396,17 +445,19 @@ def main(argv=None) -> int:
             return 2
     results = {split: {s: {(r["scorer"], r["policy"]): r for r in rows} for s, rows in got["sets"].items()}
                for split, got in saved.items()}
-    chosen, ship = choose(results["validation"]), shipped(cfg)
+    chosen, ship = choose(results["validation"]), ("tuned", str(cfg.policy))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Compression policies on the given setting (k = 10, B = 2, reader tokens of SmolLM2)", "",
              "Made by `python -m canopy_ray.eval.study` (module docstring: the policies). Chosen on validation: "
-             "the most tokens saved on average over the three sets with every set's informative body answer "
-             f"recall within {', '.join(f'{s} {100 * t:.0f}' for s, t in TOLERANCE.items())} points of whole items; "
+             "the most tokens saved on average over the three sets with every set's headline answer recall "
+             f"within {', '.join(f'{s} {100 * t:.0f}' for s, t in TOLERANCE.items())} points of whole items; "
              f"chosen: **{chosen[0]} / {chosen[1]}**; shipped by the config: **{ship[0]} / {ship[1]}** "
-             f"(`tuned`: f_theta, adapter `{encoder.adapter_id}`) "
-             "(docs/evaluation.md says why they differ when they do). Saved: reader tokens against whole items. "
-             "Δ: paired difference in informative body answer recall against whole items, points.", ""]
+             f"(`tuned`: f_theta, adapter `{encoder.adapter_id}`). Saved: reader tokens against whole items. "
+             "Answer kept: a gold answer in the kept evidence, the kept items' titles and header rows included, "
+             "over the questions whose whole items hold one. Δ: paired difference against whole items, points; "
+             "titles aside: the same for body answer recall on the informative questions. "
+             "What was tried and why: HISTORY.md beside this file.", ""]
     for split in ("validation", "test"):
         lines += table(results[split], chosen, split, ship) + [""]
     lines += ["Decision accuracy: the share of a gold item's preference nodes (`canopy_ray.core.pairs`) whose every "
@@ -419,7 +470,14 @@ def main(argv=None) -> int:
     (out / "study.json").write_text(json.dumps(
         {"chosen": list(chosen), "shipped": list(ship), **{split: {s: list(r.values()) for s, r in results[split].items()}
                                     for split in results}}, indent=1))
-    print("\n".join(lines))
+    print("\n".join(lines[:4]))
+    if args.write_config:
+        try:
+            write_config(Path(args.write_config), chosen)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote refinement.policy: {chosen[1]} into {args.write_config}")
     return 0
 
 

@@ -63,7 +63,7 @@ class DatasetSpec(Section):
 
 
 class GridSpec(Section):
-    methods: list[str] = ["canopy", "vanilla"]
+    methods: list[str] = ["shipped", "vanilla"]
     k: list[int] = [5, 10, 20]
     branching: list[int] = [2, 3, 4]
     questions: int | None = Field(None, ge=1, description="sample size (default: the sweep's)")
@@ -244,7 +244,8 @@ class PointWorker:
     def run_point(self, p: dict) -> dict:
         method = get_method(p["method"])
         base = self.runner.base_settings()
-        settings = method.settings(base, k=p["k"], branching=p["branching"], flat_m=p["flat_m"])
+        settings = method.settings(base, self.cfg.margin, p["flat_m"] or self.cfg.hierarchy.flat_m, k=p["k"],
+                                   branching=p["branching"])
         result = self.runner.run(self._eval_set(p), method, settings, p["setting"], index=self._index(p),
                                  reader=p.get("reader", True))
         return {"point": p} | result

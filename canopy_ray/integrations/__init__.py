@@ -37,7 +37,7 @@ def _client(url: str):
 
 def compress_texts(query: str, texts: Sequence[tuple[str | None, str, str]], *, url: str | None = None,
                    config: Any = None, branching: int | None = None,
-                   margin: float | None = None) -> list[tuple[str, dict] | None]:
+                   policy: str | None = None) -> list[tuple[str, dict] | None]:
     """Per ``(id, title, text)``: the kept evidence and the ``metadata["canopy"]`` report, or
     ``None`` for an empty text. Missing or repeated ids are replaced by positions."""
     import canopy_ray
@@ -51,8 +51,8 @@ def compress_texts(query: str, texts: Sequence[tuple[str | None, str, str]], *, 
     out: list[tuple[str, dict] | None] = [None] * len(texts)
     if not items:
         return out
-    results = (_client(url).compress(query, items, branching=branching, margin=margin) if url else
-               canopy_ray.compress(query, items, config=config, branching=branching, margin=margin))
+    results = (_client(url).compress(query, items, branching=branching, policy=policy) if url else
+               canopy_ray.compress(query, items, config=config, branching=branching, policy=policy))
     for i, r in zip(todo, results, strict=True):
         out[i] = (r.evidence.text if r.kept else "", {**token_report([r]), "kept": [list(s) for s in r.kept]})
     return out

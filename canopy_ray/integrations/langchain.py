@@ -29,14 +29,14 @@ class CanopyCompressor(BaseDocumentCompressor):
     url: Optional[str] = None  # a served engine (canopy serve); None: this process
     config: Any = None  # in process: a YAML path or CanopyConfig (default: the CPU defaults)
     branching: Optional[int] = None  # B, children per tree node (default: the config's)
-    margin: Optional[float] = None  # refinement margin, larger keeps more (default: the config's)
+    policy: Optional[str] = None  # refinement.policy, e.g. "canopy margin=0.05" (default: the config's)
     title_key: str = "title"  # the metadata key holding a document's title
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
         texts = [(d.id, str(d.metadata.get(self.title_key) or ""), d.page_content) for d in documents]
         done = compress_texts(query, texts, url=self.url, config=self.config, branching=self.branching,
-                              margin=self.margin)
+                              policy=self.policy)
         return [d if result is None else
                 d.model_copy(update={"page_content": result[0], "metadata": {**d.metadata, REPORT_KEY: result[1]}})
                 for d, result in zip(documents, done) if not left_out(result)]

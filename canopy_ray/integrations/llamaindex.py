@@ -29,7 +29,7 @@ class CanopyPostprocessor(BaseNodePostprocessor):
     url: Optional[str] = Field(None, description="a served engine (canopy serve); None: this process")
     config: Any = Field(None, description="in process: a YAML path or CanopyConfig (default: the CPU defaults)")
     branching: Optional[int] = Field(None, description="B, children per tree node (default: the config's)")
-    margin: Optional[float] = Field(None, description="refinement margin, larger keeps more (default: the config's)")
+    policy: Optional[str] = Field(None, description="refinement.policy, e.g. 'canopy margin=0.05' (default: the config's)")
     title_key: str = Field("title", description="the metadata key holding a node's title")
 
     @classmethod
@@ -44,7 +44,7 @@ class CanopyPostprocessor(BaseNodePostprocessor):
                   n.node.get_content(metadata_mode=MetadataMode.NONE) if isinstance(n.node, TextNode) else "")
                  for n in nodes]
         done = compress_texts(query_bundle.query_str, texts, url=self.url, config=self.config,
-                              branching=self.branching, margin=self.margin)
+                              branching=self.branching, policy=self.policy)
         out = []
         for n, result in zip(nodes, done):
             if result is None:

@@ -341,7 +341,7 @@ class Refiner:
             if self.compressors is None:  # not made by a request that waited beside this one
                 self.compressors = {(name, store): Compressor.from_config(
                     self.cfg, ident, node_store=self.store if store else None, cache=self.cache,
-                    count_tokens=self.count_tokens, cross=self.cfg.refinement.cross if name == "tuned" else 0.0)
+                    count_tokens=self.count_tokens)
                     for name, ident in identities.items() for store in (True, False)}
         return self.compressors[(opts.node_encoder, opts.use_store)]
 
@@ -372,7 +372,7 @@ class Refiner:
         async def encode(pieces):
             return await method(list(pieces))
 
-        async def score(pieces):  # the cross-encoder's term (refinement.cross)
+        async def score(pieces):  # the policy's cross term
             return await scorer((opts.query, list(pieces)))
 
         try:

@@ -41,11 +41,12 @@ from ray.exceptions import (NodeDiedError, ObjectLostError, RayActorError, RaySy
                             TaskCancelledError, WorkerCrashedError)
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
-from canopy_ray.compressor import CompressOptions, refinement_of
+from canopy_ray.compressor import CompressOptions
 from canopy_ray.config import CanopyConfig
 from canopy_ray.core.errors import ItemError
 from canopy_ray.core.files import under_root
 from canopy_ray.core.items import ImageItem, Item, VideoItem, parse_item
+from canopy_ray.core.policy import Policy
 from canopy_ray.models.llm.protocol import (ChatResult, LLMConnectionError, LLMHTTPError, LLMRequestError,
                                             LLMTimeoutError, build_request, error_body, parse_response)
 from canopy_ray.models.llm.roles import arun_role
@@ -347,6 +348,14 @@ class Ingress:
         if len(text) > self.cfg.serve.max_query_chars:
             raise ApiError(413, "query_too_long", f"the query exceeds {self.cfg.serve.max_query_chars} characters")
 
+    def _policy(self, req) -> Policy:
+        """The request's policy, else the server's; a cross term needs the server's cross-encoder."""
+        policy = req.policy or self.settings.policy
+        if policy.terms.cross and not self.cfg.models.scorer:
+            raise ApiError(422, "no_cross_encoder", "the policy's cross term needs a cross-encoder: this server "
+                                                    "has no models.scorer")
+        return policy
+
     @api.post("/v1/compress")
     async def compress(self, request: Request):
         out = await self._admitted(request, self._compress_body, "the compression")
@@ -360,10 +369,8 @@ class Ingress:
         return await self._deadline(self._compress(req, items), "the compression")
 
     async def _compress(self, req: CompressRequest, items: list[Item]) -> dict:
-        margin = self.settings.margin if req.margin is None else req.margin
-        mode = refinement_of("canopy", req.refinement, self.cfg.refinement.mode)
-        opts = CompressOptions(branching=req.branching, node_encoder=req.node_encoder, margin=margin, query=req.query,
-                               refinement=req.refinement)
+        policy = self._policy(req)
+        opts = CompressOptions(policy=policy, branching=req.branching, node_encoder=req.node_encoder, query=req.query)
         t0 = time.perf_counter()
         if self.cfg.serve.node_encoder == "refiner":  # one call: the Refiner encodes the query too
             results, encoded = await self._call("compress", lambda: self.refiner.compress_query.remote(
@@ -377,8 +384,7 @@ class Ingress:
         out = [r.to_dict(req.explain) for r in results]
         totals = {k: sum(r[k] for r in out) for k in ("tokens_before", "tokens_after", "nodes_total",
                                                       "nodes_scored", "nodes_encoded", "encoded_tokens")}
-        return {"items": out, **totals, "node_encoder": req.node_encoder, "refinement": mode,
-                "margin": margin if mode == "canopy" else None,  # the hybrid has none
+        return {"items": out, **totals, "node_encoder": req.node_encoder, "policy": str(policy),
                 "timings": {"encode_query": t1 - t0, "compress": t2 - t1}}
 
     @api.post("/v1/answer")
@@ -394,11 +400,10 @@ class Ingress:
             raise ApiError(503, "no_index", "this server has no index: set serve.index_dir and run the index job")
         backends = ServeBackends(self.query_encoder, self.retriever, self.refiner, self.client, self._call)
         pipeline = Pipeline(backends, self.settings, self.count_tokens)
+        policy = self._policy(req)
         ans = await self._deadline(pipeline.answer(req.question, k=req.k, rounds=req.rounds, branching=req.branching,
-                                                   mode=req.mode, margin=req.margin), "the answer")
-        margin = self.settings.margin if req.margin is None else req.margin
-        refinement = refinement_of(req.mode or self.settings.mode, None, self.cfg.refinement.mode)
-        out = ans.to_dict() | {"margin": margin if refinement == "canopy" else None}  # Algorithm 1's alone
+                                                   policy=policy), "the answer")
+        out = ans.to_dict() | {"policy": str(policy)}
         if req.explain:
             out["items"] = [r.to_dict(explain=True) for r in ans.results]
         return out

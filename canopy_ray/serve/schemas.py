@@ -4,32 +4,45 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from canopy_ray.compressor import MODES
+from canopy_ray.core.policy import Policy
 
 
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class CompressRequest(Request):
+class Compressing(Request):
+    # what is scored and kept, in the config's text form ("canopy margin=0.05"); None: the server's
+    policy: Policy | None = None
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy(cls, v):
+        if v is None or isinstance(v, Policy):
+            return v
+        if not isinstance(v, str):
+            raise ValueError("policy must be a string such as 'canopy margin=0.05'")
+        policy = Policy.parse(v)
+        if policy.margin is None:
+            raise ValueError("a request's policy names its margin (auto is the server's config alone)")
+        return policy
+
+
+class CompressRequest(Compressing):
     query: str = Field(min_length=1)
     items: list[dict[str, Any]] = Field(min_length=1)
     explain: bool = False
     node_encoder: Literal["tuned", "frozen"] = "tuned"
     branching: int | None = Field(None, ge=2, le=16)
-    margin: float | None = Field(None, ge=0, le=1)
-    refinement: Literal["canopy", "hybrid"] | None = None  # canopy: Algorithm 1; None: the server's
 
 
-class AnswerRequest(Request):
+class AnswerRequest(Compressing):
     question: str = Field(min_length=1)
     k: int | None = Field(None, ge=1, le=100)
     rounds: int | None = Field(None, ge=1, le=10)
     branching: int | None = Field(None, ge=2, le=16)
-    mode: Literal[MODES] | None = None  # type: ignore[valid-type]
-    margin: float | None = Field(None, ge=0, le=1)
     explain: bool = False
 
 

@@ -1,49 +1,78 @@
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from canopy_ray.core.lexical import scaled
-from canopy_ray.eval.study import node_scores
+from canopy_ray.eval.study import StudyPolicy, node_scores
 
+ROOT = Path(__file__).resolve().parents[2]
 REC = {"nodes": [[0, [0, 2]], [0, [0, 1]], [1, [0, 1]]], "tuned": [0.5, 0.4, 0.3], "bm25": [2.0, 0.0, 1.0],
-       "cross": [0.9, 0.1, 0.2]}
+       "cross": [0.9, 0.1, 0.2], "titled": [False, False], "leaf": [False, True, True], "titles": ["A", "B"],
+       "bodies": ["", ""]}
 
 
-def test_qlink_reads_the_items_the_question_names_and_link_the_two_best_only():
-    from canopy_ray.eval.study import title_terms
+def _p(text):
+    return StudyPolicy.parse(text)
 
+
+def test_link_reads_the_items_the_question_names_and_hop2_the_two_best_only():
     rec = {"nodes": [[i, [0, 1]] for i in range(4)], "tuned": [0.9, 0.8, 0.1, 0.0], "leaf": [True] * 4,
-           "titles": ["Alpha One", "Beta Two", "Gamma Three", "Delta Four"],
+           "titles": ["Alpha One", "Beta Two", "Gamma Three", "Delta Four"], "bm25": [0.0] * 4,
            "bodies": ["Nothing here.", "Nor here.", "Gamma Three stands by Delta Four.", "A place."],
-           "titled": [2]}  # the question names Gamma Three, which ranks third
-    assert title_terms(rec) == [0.0, 0.0, 1.0, 0.0]
-    assert node_scores(rec, "tuned+link:0.2", 4)[3] == {(0, 1): pytest.approx(0.0)}
-    assert node_scores(rec, "tuned+qlink:0.2", 4)[3] == {(0, 1): pytest.approx(0.2)}
-    assert node_scores(rec, "tuned+qlink:0.2", 4)[2] == {(0, 1): pytest.approx(0.1)}  # never by itself
+           "titled": [False, False, True, False]}  # the question names Gamma Three, which ranks third
+    assert node_scores(rec, "tuned", _p("hybrid hop2=0.2"), 4)[3] == {(0, 1): pytest.approx(0.0)}
+    assert node_scores(rec, "tuned", _p("hybrid link=0.2"), 4)[3] == {(0, 1): pytest.approx(0.2)}
+    assert node_scores(rec, "tuned", _p("hybrid link=0.2"), 4)[2] == {(0, 1): pytest.approx(0.1)}  # never itself
+    assert node_scores(rec, "tuned", _p("hybrid title=0.3"), 4)[2] == {(0, 1): pytest.approx(0.4)}
 
 
-def test_a_scorer_adds_each_named_term_by_its_weight():
+def test_a_policy_adds_each_term_by_its_weight():
     lex = scaled(REC["bm25"])
-    got = node_scores(REC, "tuned+bm25:0.8+cross:0.4", 2)
+    got = node_scores(REC, "tuned", _p("hybrid bm25=0.8 cross=0.4"), 2)
     want = np.array(REC["tuned"]) + 0.8 * np.array(lex) + 0.4 * np.array(REC["cross"])
     assert [got[0][(0, 2)], got[0][(0, 1)], got[1][(0, 1)]] == pytest.approx(want.tolist())
-    assert node_scores(REC, "cross", 2)[1] == {(0, 1): pytest.approx(0.2)}
-    assert node_scores(REC, "tuned", 2)[0] == {(0, 2): pytest.approx(0.5), (0, 1): pytest.approx(0.4)}
+    assert node_scores(REC, "cross", _p("hybrid"), 2)[1] == {(0, 1): pytest.approx(0.2)}
+    assert node_scores(REC, "tuned", _p("canopy margin=0"), 2)[0] == {(0, 2): pytest.approx(0.5),
+                                                                        (0, 1): pytest.approx(0.4)}
 
 
-def test_the_shipped_config_is_named_as_the_study_names_policies():
+def test_rows_are_named_by_the_policy_text_a_config_takes():
     from canopy_ray.config import load_config
-    from canopy_ray.eval.study import POLICIES, SCORERS, shipped
+    from canopy_ray.eval.study import TERMS, rows_of
 
-    scorer, policy = shipped(load_config())
-    assert (scorer, policy) == ("tuned+bm25:0.4+title:0.1+qlink:0.2", "cut 0.8/0.4")
-    assert scorer in SCORERS and policy in POLICIES
-    cfg = load_config(None, refinement={"mode": "hybrid", "share": 0.5, "lead": False, "lexical": 0.8, "cross": 0.4,
-                                        "title": 0, "link": 0, "cutoff": None},
-                      models={"scorer": "somewhere"})
-    assert shipped(cfg) == ("tuned+bm25:0.8+cross:0.4", "hybrid 0.5")
-    # a cutoff with lead is no policy the study runs: no row of the table is marked shipped
-    lead = cfg.override(refinement={"lead": True, "cutoff": 0.8})
-    assert shipped(lead)[1] == "lead 0.5 cut 0.8" and shipped(lead)[1] not in POLICIES
+    names = {(b, str(sp)) for b, sp in rows_of(TERMS)}
+    assert ("tuned", str(load_config().policy)) in names  # the shipped config's row exists
+    assert _p("hybrid cutoff=0.8 share=0.40 bm25=0.4").text == "hybrid share=0.4 cutoff=0.8 bm25=0.4"
+    lead = _p("lead share=0.4 fallback=0.02 bm25=0.4")
+    assert not lead.product and lead.policy.kind == "hybrid" and lead.get("fallback") == 0.02
+    assert _p("hybrid share=0.4 bm25=0.4").product
+
+
+def test_the_shipped_config_is_the_studys_recorded_pick():
+    """``--write-config`` wrote the pick into configs/cpu.yaml; a hand edit of either fails here."""
+    from canopy_ray.config import load_config
+
+    chosen = json.loads((ROOT / "results" / "study" / "study.json").read_text())["chosen"]
+    if "=" not in chosen[1]:
+        pytest.skip("results/study/study.json names its pick in the study's older names: rerun the study "
+                    "(scripts/reproduce_eval.sh step 6) to record a pick in the policy text")
+    assert ["tuned", str(load_config(ROOT / "configs" / "cpu.yaml").policy)] == chosen
+
+
+def test_write_config_replaces_the_policy_line_and_refuses_study_only_picks(tmp_path):
+    from canopy_ray.config import load_config
+    from canopy_ray.eval.study import write_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text((ROOT / "configs" / "cpu.yaml").read_text())
+    write_config(cfg, ("tuned", "hybrid share=0.5 cutoff=0.9 bm25=0.4"))
+    assert str(load_config(cfg).policy) == "hybrid share=0.5 cutoff=0.9 bm25=0.4"
+    for pick in (("tuned", "lead share=0.4"), ("f0", "hybrid share=0.4"), ("tuned", "hybrid bm25=0.4 prf=0.2")):
+        with pytest.raises(ValueError, match="left as it is"):
+            write_config(cfg, pick)
+    assert str(load_config(cfg).policy) == "hybrid share=0.5 cutoff=0.9 bm25=0.4"
 
 
 def test_adapter_names_the_f_theta_that_scores(tmp_path, monkeypatch):
@@ -72,20 +101,20 @@ def test_feedback_reaches_the_second_hop_through_the_best_leaf():
     from canopy_ray.core.lexical import bm25
     from canopy_ray.eval.study import feedback
 
-    band = TextItem("a", "Hirsute Pursuit", ("Hirsute Pursuit formed in 2006.", "Its songs describe gay sex."))
-    topic = TextItem("b", "Practices", ("Gay sex is common.", "Kinsey surveyed men."))
+    band = TextItem("a", "Velvet Harrow", ("Velvet Harrow formed in 2006.", "Its songs describe night fishing."))
+    topic = TextItem("b", "Practices", ("Night fishing is common.", "Anglers surveyed lakes."))
     trees = [build_tree(band), build_tree(topic)]
     nodes = [[i, list(n.span)] for i, t in enumerate(trees) for n in t.nodes()]
-    question = "Why are Hirsute Pursuit songs controversial?"
-    rec = {"nodes": nodes, "tuned": [0.0] * len(nodes),
+    question = "Why are Velvet Harrow songs controversial?"
+    rec = {"nodes": nodes, "tuned": [0.0] * len(nodes), "titled": [False, False],
            "bm25": bm25(question, [node_text(trees[i], tuple(s)) for i, s in nodes])}
     row = {(i, tuple(s)): k for k, (i, s) in enumerate(nodes)}
-    gay, kinsey, formed = row[(1, (0, 1))], row[(1, (1, 2))], row[(0, (0, 1))]
-    assert rec["bm25"][gay] == rec["bm25"][kinsey] == 0  # b shares no word with the question
+    fishing, anglers, formed = row[(1, (0, 1))], row[(1, (1, 2))], row[(0, (0, 1))]
+    assert rec["bm25"][fishing] == rec["bm25"][anglers] == 0  # b shares no word with the question
     got = feedback(question, trees, rec, items=1)  # a's best leaf: its songs (the question's words)
-    assert got[gay] > 0 and got[kinsey] == 0
+    assert got[fishing] > 0 and got[anglers] == 0
     rec["tuned"][formed] = 5.0  # now a's best leaf is the other one: nothing reaches b
-    assert feedback(question, trees, rec, items=1)[gay] == 0
+    assert feedback(question, trees, rec, items=1)[fishing] == 0
 
 
 def test_gold_stats_counts_the_scorers_preferences_and_the_gold_leaves_the_policy_kept():
@@ -120,17 +149,17 @@ def test_a_length_term_favours_the_longer_node_by_its_sign():
 
     tree = build_tree(TextItem("a", "T", ("One two three.", "Four five six seven.")))
     nodes = [[0, list(n.span)] for n in tree.nodes()]
-    rec = {"nodes": nodes, "tuned": [0.5] * len(nodes), "bm25": [0.0] * len(nodes)}
+    rec = {"nodes": nodes, "tuned": [0.5] * len(nodes), "bm25": [0.0] * len(nodes), "titled": [False]}
     rec["len"] = log_words([tree], rec)
     root, first = rec["nodes"].index([0, [0, 2]]), rec["nodes"].index([0, [0, 1]])
     assert rec["len"][root] > rec["len"][first] > 0
-    up, down = node_scores(rec, "tuned+len:0.1", 1)[0], node_scores(rec, "tuned+len:-0.1", 1)[0]
+    up, down = (node_scores(rec, "tuned", _p(f"hybrid len={b}"), 1)[0] for b in (0.1, -0.1))
     assert up[(0, 2)] > up[(0, 1)] and down[(0, 2)] < down[(0, 1)]
 
 
 def test_cut_keeps_the_leaves_within_d_of_the_best_and_raises_them_by_the_rule():
-    """``cut d``: every leaf within d of the question's best, whichever item holds it; ``cut d/r``:
-    only among the top r share; a chosen leaf rises to a parent that scores at least as high."""
+    """``hybrid share=1 cutoff=d``: every leaf within d of the question's best, whichever item holds
+    it; with a share, only among that share; a chosen leaf rises to a parent that scores at least as high."""
     from canopy_ray.core.hierarchy import build_tree
     from canopy_ray.core.items import TextItem
     from canopy_ray.eval.study import apply
@@ -139,11 +168,11 @@ def test_cut_keeps_the_leaves_within_d_of_the_best_and_raises_them_by_the_rule()
              build_tree(TextItem("b", "B", ("Five.", "Six.")))]
     scores = [{(0, 4): 0.0, (0, 2): 0.95, (2, 4): 0.0, (0, 1): 0.9, (1, 2): 0.3, (2, 3): 0.1, (3, 4): 0.0},
               {(0, 2): 0.0, (0, 1): 0.75, (1, 2): 0.2}]
-    assert apply("cut 0.2", trees, scores) == [[(0, 2)], [(0, 1)]]  # 0.9 rose to its parent (0.95)
-    assert apply("cut 0.1", trees, scores) == [[(0, 2)], []]  # 0.75 is 0.15 below the best: b left out
+    assert apply(_p("hybrid share=1 cutoff=0.2"), trees, scores) == [[(0, 2)], [(0, 1)]]  # 0.9 rose to 0.95
+    assert apply(_p("hybrid share=1 cutoff=0.1"), trees, scores) == [[(0, 2)], []]  # 0.75: 0.15 below, b out
     # leaves >= 0.1: a's third stays a leaf (its parent scores 0.0), b keeps both of its own
-    assert apply("cut 0.85", trees, scores) == [[(0, 2), (2, 3)], [(0, 1), (1, 2)]]
-    assert apply("cut 0.85/0.5", trees, scores) == [[(0, 2)], [(0, 1)]]  # the best 3 of 6 leaves only
+    assert apply(_p("hybrid share=1 cutoff=0.85"), trees, scores) == [[(0, 2), (2, 3)], [(0, 1), (1, 2)]]
+    assert apply(_p("hybrid share=0.5 cutoff=0.85"), trees, scores) == [[(0, 2)], [(0, 1)]]  # best 3 of 6 only
 
 
 def test_node_scores_are_cached_per_scorer_so_another_adapter_scores_afresh(tmp_path, monkeypatch):
