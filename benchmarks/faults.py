@@ -45,15 +45,18 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# a script's own folder (benchmarks/) is on the path, the repository root with tests.support is not
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from floor import free_port, question_items, start  # noqa: E402
+
+from tests.support.replies import Reply, send  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CLOSED = "closed"  # the LLM stand-in's modes: closed port, "hang", "garbage", "ok"
@@ -91,38 +94,6 @@ def config(**sections):
 
 
 # ---------------------------------------------------------------- requests and what came back
-
-@dataclass
-class Reply:
-    status: int | str  # the HTTP status, or the exception's name (a reset connection, a hang)
-    sent: float
-    done: float
-    json_reason: str | None  # error.reason of a JSON error body (None: not JSON or no reason)
-    retry_after: str | None
-    body: dict | None = None  # of a 200
-    content_type: str | None = None  # e.g. text/plain: Serve's proxy answered, not the Ingress
-
-    @property
-    def seconds(self) -> float:
-        return self.done - self.sent
-
-
-async def send(client: httpx.AsyncClient, url: str, body: str, hang_s: float) -> Reply:
-    t0 = time.perf_counter()
-    try:
-        r = await client.post(url, content=body, headers={"content-type": "application/json"}, timeout=hang_s)
-    except httpx.TimeoutException:
-        return Reply("hung", t0, time.perf_counter(), None, None)
-    except httpx.HTTPError as e:
-        return Reply(type(e).__name__, t0, time.perf_counter(), None, None)
-    try:
-        data = r.json()
-    except ValueError:
-        data = None
-    reason = data.get("error", {}).get("reason") if isinstance(data, dict) and "error" in data else None
-    return Reply(r.status_code, t0, time.perf_counter(), reason, r.headers.get("retry-after"),
-                 data if r.status_code == 200 else None, r.headers.get("content-type"))
-
 
 async def load(url: str, bodies: list[str], concurrency: int, hang_s: float, on_reply=None,
                sent: list | None = None) -> list[Reply]:

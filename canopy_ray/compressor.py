@@ -1,16 +1,14 @@
 """The ``compress`` verb: a query and some items in, an evidence forest per item out.
 
-Scoring is one dot product per node between the frozen query vector f0(q) and the node
-vectors f_theta(v). Refinement reads only the scores of the nodes it visits, so nodes are
-scored level by level (:func:`canopy_ray.core.refine.score_lazily`): every item's root in
-one batch, then the children of every node that splits, and so on; nothing else is encoded.
-A node's vector comes from the index's node store (items from that index), else from the
-bounded vector cache (any node seen before), else from the node encoder.
-
 What is scored and kept is the call's :class:`~canopy_ray.core.policy.Policy` (the config's
-``refinement.policy`` unless a request names its own), and a node's score is
-:func:`canopy_ray.core.scoring.compose` of its cosine and the policy's terms (BM25, title, link
-and, with ``models.scorer``, the cross-encoder's probability).
+``refinement.policy`` unless a request names its own). A policy reads only the scores of the
+nodes it visits, so nodes are scored level by level (:meth:`Policy.asks`: Algorithm 1 asks for
+every item's root, then the children of every node that splits; the hybrid for every leaf, then
+the parents a chosen leaf may rise to); nothing else is encoded. A node's score is
+:func:`canopy_ray.core.scoring.compose` of the cosine of f0(q) and f_theta(v) and the policy's
+terms (BM25, title, link and, with ``models.scorer``, the cross-encoder's probability). A node's
+vector comes from the index's node store (items from that index), else from the bounded vector
+cache (any node seen before), else from the node encoder.
 """
 
 from __future__ import annotations
@@ -21,9 +19,9 @@ from typing import Sequence
 
 import numpy as np
 
+from canopy_ray.config import DEFAULT_POLICY
 from canopy_ray.core.evidence import Piece, TokenCounter, count_words, node_text, piece, render
 from canopy_ray.core.hierarchy import ItemTree, Node, Span, build_tree
-from canopy_ray.config import DEFAULT_POLICY
 from canopy_ray.core.items import Item
 from canopy_ray.core.lexical import titled
 from canopy_ray.core.policy import Policy

@@ -50,6 +50,13 @@ def test_compress_verb_prints_json_and_skips_bad_lines(tmp_path, capsys):
     (res,) = json.loads(out.out)
     assert res["id"] == "p1" and res["modality"] == "text" and res["nodes"][0]["span"] == [0, 3]
     assert "skipped line 2" in out.err
+    # --policy replaces the config's: nothing beats a node by 1, so Algorithm 1 keeps the item whole
+    assert main(["compress", "--query", "Which planet has 95 moons?", "--items", str(items), "--json",
+                 "--config", str(ROOT / "configs" / "cpu-frozen.yaml"), "--policy", "canopy margin=1"]) == 0
+    (wide,) = json.loads(capsys.readouterr().out)
+    assert wide["kept"] == [[0, 3]] and wide["nodes"][0]["decision"] == "kept"
+    assert wide["nodes"][0]["score"] is not None  # Algorithm 1 scores the root
+    assert wide["kept"] != res["kept"]
 
 
 def test_a_bad_config_is_a_clear_error(tmp_path, capsys):

@@ -8,10 +8,10 @@ import pytest
 
 import canopy_ray
 from canopy_ray.client import Client, ServiceError, _fates
-from canopy_ray.compressor import refined, token_report
+from canopy_ray.compressor import chosen, token_report
 from canopy_ray.core.hierarchy import build_tree
 from canopy_ray.core.items import TextItem
-from canopy_ray.core.refine import decisions
+from canopy_ray.core.refine import decisions, refine
 
 
 def test_client_is_exported_lazily():
@@ -45,6 +45,7 @@ def test_service_error_reads_both_error_shapes():
 
 def test_token_report_is_llmlinguas():
     tree = build_tree(TextItem("x", "", ("One two three.", "Four five six.")), branching=2)
-    results = [refined(tree, {(0, 2): 0.5, (0, 1): 0.9, (1, 2): 0.1}, lambda text: len(text.split()))] * 2
+    scores = {(0, 2): 0.5, (0, 1): 0.9, (1, 2): 0.1}
+    results = [chosen(tree, scores, refine(tree.root, scores), lambda text: len(text.split()))] * 2
     assert token_report(results) == {"origin_tokens": 12, "compressed_tokens": 6, "ratio": 2.0}
     assert token_report([]) == {"origin_tokens": 0, "compressed_tokens": 0, "ratio": 0.0}

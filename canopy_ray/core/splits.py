@@ -1,13 +1,16 @@
 """Which questions train, tune and test, and which gold items they refer to.
 
 The split is by **document**, not by question: :func:`assign_splits` joins questions that
-share a document (a gold item, or a candidate of their own context: TAT-QA's questions of one
-report share its table and paragraphs) into groups and sends each group to ``train``/``validation``/
-``test`` by a hash of the group's smallest document key. So no test question's document is
-ever a training or validation question's document, and the split depends on the data alone:
-never on file order, file or folder names, or question ids. Item ids are the documents' keys;
-the converters derive them from content (:mod:`canopy_ray.data.records`), so one paragraph
-has one id wherever it occurs. :func:`sample_questions` draws a fixed sample by hash too.
+share a document (a gold item or a candidate: TAT-QA's questions of one report share its
+table and paragraphs, a HotpotQA paragraph can be one question's gold and another's
+distractor) into groups and sends each group to ``train``/``validation``/``test`` by a hash
+of the group's smallest document key. So no document of a test question is ever a document
+of a training or validation question, and the split depends on the data alone: never on file
+order, file or folder names, or question ids. Item ids are the documents' keys; the
+converters derive them from content (:mod:`canopy_ray.data.records`), so one paragraph has
+one id wherever it occurs. A converter that draws distractors from other questions' gold
+items (NQ's) draws them from the gold's own split (:func:`split_of_key`), so they join no
+group of another split. :func:`sample_questions` draws a fixed sample by hash too.
 """
 
 from __future__ import annotations
@@ -43,33 +46,17 @@ def item_key(item_id: str) -> str:
     return f"item:{item_id}"
 
 
-def borrowed_candidates(questions: Sequence[Question]) -> set[tuple[str, str]]:
-    """``(question id, item id)`` of candidates that are another question's gold item under
-    other candidates: distractors drawn from the rest of the set (NQ's), not the question's
-    own context (HotpotQA's paragraphs, TAT-QA's report)."""
-    contexts = [frozenset(q.candidates) for q in questions]
-    gold_in: dict[str, set[frozenset[str]]] = {}
-    for q, context in zip(questions, contexts):
-        for g in q.gold:
-            gold_in.setdefault(g.item_id, set()).add(context)
-    return {(q.id, c) for q, context in zip(questions, contexts) for c in q.candidates
-            if any(cs != context for cs in gold_in.get(c, ()))}
-
-
-def documents(question: Question, borrowed: set[tuple[str, str]] = frozenset()) -> list[str]:
-    """The document keys of a question: its gold items and its own candidates (not the
-    ``borrowed`` ones, see :func:`borrowed_candidates`). A question with neither is keyed
-    by its own text."""
+def documents(question: Question) -> list[str]:
+    """The document keys of a question: its gold items and its candidates. A question with
+    neither is keyed by its own text."""
     keys = [item_key(g.item_id) for g in question.gold]
-    keys += [item_key(c) for c in question.candidates if (question.id, c) not in borrowed]
+    keys += [item_key(c) for c in question.candidates]
     return keys or ["question:" + question.question]
 
 
 def assign_splits(questions: Iterable[Question], shares: Sequence[float] = SPLIT_SHARES) -> dict[str, str]:
     """``{question id: split}``: questions sharing a document key (transitively) form one
     group, and a group's split is :func:`split_of_key` of its smallest key."""
-    questions = list(questions)
-    borrowed = borrowed_candidates(questions)
     parent: dict[str, str] = {}
 
     def root(k: str) -> str:
@@ -79,7 +66,7 @@ def assign_splits(questions: Iterable[Question], shares: Sequence[float] = SPLIT
             k = parent[k]
         return k
 
-    keyed = [(q.id, documents(q, borrowed)) for q in questions]
+    keyed = [(q.id, documents(q)) for q in questions]
     for _, keys in keyed:
         for k in keys[1:]:
             a, b = root(keys[0]), root(k)

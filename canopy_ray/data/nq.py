@@ -58,8 +58,9 @@ def _parse(index: int, record: Any) -> tuple[dict, dict, list[str]]:
 
 
 def passage_split(pid: str) -> str:
-    """The split of the questions whose gold passage is ``pid``: distractors are other
-    questions' gold passages and do not join groups, so an NQ group is keyed by its gold alone."""
+    """The split of the questions whose gold passage is ``pid``. Distractors join groups
+    (:func:`canopy_ray.core.splits.assign_splits`), but each is drawn from its gold's split,
+    so every key of an NQ group hashes to one split, the one of each of its golds."""
     return split_of_key(item_key(pid))
 
 

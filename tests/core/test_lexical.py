@@ -37,10 +37,12 @@ def test_named_items_are_those_the_two_best_name_as_whole_words():
 
 
 def test_titled_items_are_those_the_query_names_as_whole_words():
-    titles = ["Jeremy (film)", "Robby Benson", "CBS", "Jeremy Irons", "Jerem", None]
-    # the qualifier aside; whole words only ("Jerem" is in "Jeremy" but not as a word); a name
-    # under 4 characters never counts (CBS); an item without a title never does
-    assert titled(titles, "What other role did the star actor from JEREMY perform, and on CBS?") == \
+    # made-up names (no question of the shared sets names them)
+    titles = ["Harrowgate (film)", "Mirela Vantosk", "KVT", "Harrowgate Vale", "Harrow", None]
+    # the qualifier aside; whole words only ("Harrow" is in "Harrowgate" but not as a word); a
+    # name under 4 characters never counts (KVT); a longer title the query does not hold in
+    # full never does ("Harrowgate Vale"); an item without a title never does
+    assert titled(titles, "Which other role did the lead actor of HARROWGATE play, and on KVT?") == \
         [True, False, False, False, False, False]
-    assert titled(titles, "Who is Robby Benson?") == [False, True, False, False, False, False]
+    assert titled(titles, "Who is Mirela Vantosk?") == [False, True, False, False, False, False]
     assert titled(titles, "") == [False] * 6

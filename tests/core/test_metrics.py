@@ -140,10 +140,14 @@ def test_bootstrap_is_scipys_percentile_interval():
     assert math.isnan(bootstrap_ci([]).mean)
 
 
-def test_paired_difference_of_identical_methods_is_zero():
-    a = np.random.default_rng(0).random(30)
-    ci = paired_difference_ci(a, a)
-    assert (ci.mean, ci.low, ci.high) == (0.0, 0.0, 0.0)
+def test_paired_difference_is_a_minus_b_question_by_question():
+    # a - b = [1, 0, 0, 1]: mean 0.5; a resample of 4 is all zeros (or all ones) with
+    # probability 1/16 > 2.5%, so the 95% interval is [0, 1]
+    assert paired_difference_ci([1, 0, 1, 1], [0, 0, 1, 0]).as_dict() == {"mean": 0.5, "low": 0.0, "high": 1.0}
+    assert paired_difference_ci([0, 0, 1, 0], [1, 0, 1, 1]).as_dict() == {"mean": -0.5, "low": -1.0, "high": 0.0}
+    # paired, not two samples: each question is 0.5 ahead, so there is no spread at all
+    same = paired_difference_ci([1.0, 2.0, 3.0, 4.0], [0.5, 1.5, 2.5, 3.5])
+    assert same.as_dict() == {"mean": 0.5, "low": 0.5, "high": 0.5}
     with pytest.raises(ValueError):
         paired_difference_ci([1.0], [1.0, 2.0])
 

@@ -3,7 +3,7 @@
 import hashlib
 
 from canopy_ray.core.items import Gold, Question, TextItem
-from canopy_ray.core.splits import assign_splits, borrowed_candidates, documents, gold_items, sample_questions
+from canopy_ray.core.splits import assign_splits, gold_items, sample_questions, split_of_key
 
 
 def _q(qid: str, *gold: str, candidates: tuple[str, ...] = ()) -> Question:
@@ -11,11 +11,11 @@ def _q(qid: str, *gold: str, candidates: tuple[str, ...] = ()) -> Question:
 
 
 def never_shared(questions, splits) -> bool:
-    """No document key of a question occurs in a question of another split."""
-    owner, borrowed = {}, borrowed_candidates(questions)
+    """No gold or candidate item of a question occurs in a question of another split."""
+    owner = {}
     for q in questions:
-        for key in documents(q, borrowed):
-            if owner.setdefault(key, splits[q.id]) != splits[q.id]:
+        for item in (*(g.item_id for g in q.gold), *q.candidates):
+            if owner.setdefault(item, splits[q.id]) != splits[q.id]:
                 return False
     return True
 
@@ -45,14 +45,29 @@ def test_questions_sharing_a_document_share_a_split():
     assert len(set(splits.values())) == 3 and never_shared(qs, splits)
 
 
-def test_distractors_borrowed_from_other_questions_do_not_join_them():
-    # NQ: each question's distractors are other questions' gold passages; joining on them
-    # would make the whole set one group
-    qs = [_q(f"n{k}", f"g{k}", candidates=(f"g{k}", f"g{(k + 1) % 300}", f"g{(k + 7) % 300}"))
-          for k in range(300)]
+def test_a_distractor_that_is_another_questions_gold_joins_the_two():
+    # HotpotQA: a paragraph is one question's gold and, in another question's own context,
+    # a distractor; 200 such pairs, each pair sharing only that paragraph
+    qs = [_q(f"g{k}", f"p{k}", candidates=(f"p{k}", f"other{k}")) for k in range(200)]
+    qs += [_q(f"d{k}", f"own{k}", candidates=(f"own{k}", f"p{k}")) for k in range(200)]
     splits = assign_splits(qs)
-    assert len(set(splits.values())) == 3
-    assert splits == assign_splits([_q(f"n{k}", f"g{k}") for k in range(300)])
+    assert all(splits[f"g{k}"] == splits[f"d{k}"] for k in range(200))
+    assert len(set(splits.values())) == 3 and never_shared(qs, splits)
+
+
+def test_distractors_drawn_from_the_golds_split_keep_each_questions_split():
+    # NQ: distractors are other questions' gold passages of the same split (the converter
+    # draws them so); they join groups, and each question keeps its gold's split
+    golds = [f"g{k}" for k in range(300)]
+    by_split = {s: [g for g in golds if split_of_key(f"item:{g}") == s] for s in ("train", "validation", "test")}
+    qs = []
+    for k, g in enumerate(golds):
+        pool = by_split[split_of_key(f"item:{g}")]
+        i = pool.index(g)
+        qs.append(_q(f"n{k}", g, candidates=(g, pool[(i + 1) % len(pool)], pool[(i + 7) % len(pool)])))
+    splits = assign_splits(qs)
+    assert splits == {f"n{k}": split_of_key(f"item:{g}") for k, g in enumerate(golds)}
+    assert len(set(splits.values())) == 3 and never_shared(qs, splits)
 
 
 def test_sample_is_independent_of_order_and_nested():

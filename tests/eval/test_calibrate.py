@@ -1,5 +1,5 @@
 """``canopy calibrate``: the margin with the fewest tokens within the recall target, written where
-``refinement.margin: auto`` reads it."""
+the policy ``canopy margin=auto`` reads it."""
 
 import json
 import shutil
@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from canopy_ray.config import load_config
+from canopy_ray.core.policy import Policy
 from canopy_ray.eval.calibrate import calibrate, choose
 from tests.eval.conftest import CORPUS, QUESTIONS
 from tests.eval.scripted import ScriptedClient
@@ -34,7 +35,8 @@ def test_calibration_runs_each_margin_and_auto_reads_the_choice(tmp_path):
     shutil.copy(CORPUS, data / "corpus.jsonl")
     adapter = tmp_path / "adapter"
     shutil.copytree(load_config().models.adapter, adapter)
-    cfg = load_config(models={"adapter": str(adapter)})
+    cfg = load_config(models={"adapter": str(adapter)})  # the shipped hybrid: the curves run Algorithm 1 whatever
+    assert cfg.policy.kind == "hybrid"
     result = calibrate(cfg, {"tiny": data}, 0.01, adapter, grid=(0.0, 0.5), client=ScriptedClient(),
                        split=None, progress=None)
     points = result["curves"]["tiny"]["points"]
@@ -44,6 +46,8 @@ def test_calibration_runs_each_margin_and_auto_reads_the_choice(tmp_path):
     assert result["margin"] in (0.0, 0.5) and result["curves"]["tiny"]["n"] == 3
     saved = json.loads((adapter / "calibration.json").read_text())
     assert saved["margin"] == result["margin"]
-    assert load_config(models={"adapter": str(adapter)}, refinement={"margin": "auto"}).margin == result["margin"]
+    auto = load_config(models={"adapter": str(adapter)}, refinement={"policy": "canopy margin=auto"})
+    assert auto.refinement.policy == "canopy margin=auto"
+    assert auto.margin == result["margin"] and auto.policy == Policy("canopy", margin=result["margin"])
     assert (adapter / "calibration.png").read_bytes()[:4] == b"\x89PNG"
     assert "| 0.5" in (adapter / "calibration.md").read_text()

@@ -25,15 +25,17 @@ def served():
 def test_eval_sends_reader_and_critic_to_the_llm_url(served, tmp_path):
     from canopy_ray.cli import main
 
-    rc = main(["eval", "--questions", str(QUESTIONS), "--corpus", str(CORPUS), "--method", "canopy,random", "--k", "2",
-               "--n", "2", "--llm-url", served, "--out", str(tmp_path / "ev")])
+    rc = main(["eval", "--questions", str(QUESTIONS), "--corpus", str(CORPUS), "--method", "shipped,random", "--k", "2",
+               "--n", "2", "--llm-url", served, "--policy", "canopy margin=0.02", "--out", str(tmp_path / "ev")])
     assert rc == 0
     roles = {req["response_format"]["json_schema"]["name"] for _, req in CALLS}
     assert {"canopy_reader", "canopy_critic"} <= roles
     assert {(path, req["model"]) for path, req in CALLS} == {("/v1/chat/completions", "served-model")}
-    for method in ("canopy", "random"):
+    for method in ("shipped", "random"):
         run = json.loads((tmp_path / "ev" / f"eval_{method}.json").read_text())
         assert run["spec"]["llm_model"] == "served-model" and run["errors"] == 0
+        # --policy replaced the config's: shipped ran it, random replayed that run
+        assert run["spec"]["policy"] == run["spec"]["refinement"]["policy"] == "canopy margin=0.02"
         assert all(r["prediction"] in ("Tulsa", "Arkansas River", "Somerset", "unknown") for r in run["records"])
 
 

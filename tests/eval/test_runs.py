@@ -8,10 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from canopy_ray.core.policy import Policy
+
 from canopy_ray.config import load_config
 from canopy_ray.core.evidence import render
 from canopy_ray.core.items import Gold, Question, TableItem, TextItem
-from canopy_ray.core.metrics import bootstrap_ci, paired_difference_ci
+from canopy_ray.core.metrics import bootstrap_ci
 from canopy_ray.eval.cache import CachedChatClient
 from canopy_ray.eval.methods import METHODS, parse_methods
 from canopy_ray.core.splits import sample_questions
@@ -44,10 +46,13 @@ def test_bootstrap_interval_on_a_known_sample():
 def test_paired_differences_pair_questions_by_id():
     a = [{"id": "x", "f1": 1.0}, {"id": "y", "f1": 0.5}, {"id": "z", "f1": None}, {"id": "w", "f1": 0.0},
          {"id": "only_a", "f1": 1.0}]
-    b = [{"id": "y", "f1": 0.0}, {"id": "w", "f1": 0.5}, {"id": "x", "f1": 1.0}, {"id": "z", "f1": 1.0}]
+    b = [{"id": "y", "f1": 0.0}, {"id": "w", "f1": 0.0}, {"id": "x", "f1": 0.75}, {"id": "z", "f1": 1.0}]
+    # by id, both defined: x 1 - 0.75, y 0.5 - 0, w 0 - 0 = [0.25, 0.5, 0] (z: a's is None; only_a: no pair)
     d = paired_differences(a, b, ["f1"])["f1"]
-    assert d == paired_difference_ci([1.0, 0.5, 0.0], [1.0, 0.0, 0.5]).as_dict() | {"n": 3}
-    assert d["mean"] == 0.0 and d["low"] < 0 < d["high"]
+    assert d["n"] == 3 and d["mean"] == 0.25
+    # a resample of 3 is all 0s (or all 0.5s) with probability 1/27 > 2.5%: the interval is [0, 0.5]
+    assert (d["low"], d["high"]) == (0.0, 0.5)
+    assert paired_differences(b, a, ["f1"])["f1"] == {"mean": -0.25, "low": -0.5, "high": 0.0, "n": 3}
     shift = paired_differences([{"id": str(i), "tokens": 10 + i} for i in range(5)],
                                [{"id": str(i), "tokens": 30 + i} for i in range(5)], ["tokens"])["tokens"]
     assert shift["mean"] == shift["low"] == shift["high"] == -20  # a constant difference has no spread
@@ -80,11 +85,14 @@ def test_refinement_recall_aggregates_micro_the_others_per_question():
 
 def test_methods_map_to_pipeline_settings():
     base = Settings(k=10, rounds=3, branching=2)
-    assert METHODS["vanilla"].settings(base, k=5, rounds=4) == Settings(k=5, rounds=1, mode="none")
-    assert METHODS["no_projection"].settings(base) == Settings(mode="none")
+    whole, shipped = Policy("whole"), base.policy
+    assert METHODS["vanilla"].settings(base, k=5, rounds=4) == Settings(k=5, rounds=1, policy=whole)
+    assert METHODS["no_projection"].settings(base) == Settings(policy=whole)
     assert METHODS["no_iteration"].settings(base, branching=3) == Settings(rounds=1, branching=3)
-    assert METHODS["flat"].settings(base, flat_m=2) == Settings(mode="flat", flat_m=2)
-    assert METHODS["frozen"].frozen and not METHODS["canopy"].frozen
+    assert METHODS["flat"].settings(base, flat_m=2) == Settings(policy=Policy("flat", top=2, terms=shipped.terms))
+    assert METHODS["canopy"].settings(base, margin=0.05) == Settings(policy=Policy("canopy", margin=0.05))
+    assert METHODS["shipped"].settings(base) == Settings(policy=shipped)
+    assert METHODS["frozen"].frozen and not METHODS["shipped"].frozen
     assert METHODS["random"].settings(base, k=5) == Settings(k=5) and METHODS["random"].matched == "random"
     assert METHODS["flat_matched"].settings(base) == Settings() and METHODS["flat_matched"].matched == "flat"
     assert [m.name for m in parse_methods("all")] == list(METHODS)
@@ -100,7 +108,7 @@ def test_sample_is_fixed_and_nested():
 
 # The shipped refinement, scored by cosine alone (no BM25 or named-item term beside it), so that node
 # scores compare with the encoders' own cosines; tables classified by the LLM, so that its calls are counted
-COSINE = load_config(None, refinement={"lexical": 0.0, "title": 0.0, "link": 0.0}, critic={"table_classifier": "llm"})
+COSINE = load_config(None, refinement={"policy": "hybrid share=0.4 cutoff=0.8"}, critic={"table_classifier": "llm"})
 
 @pytest.fixture(scope="module")
 def runner(minilm):
@@ -135,7 +143,7 @@ def test_methods_behave_as_specified(tiny_runs, tiny_set, minilm, random_adapter
         assert r["evidence_recall"] == r["refinement_recall"] == r["retrieval_recall"] == 1.0
     for r in by["no_iteration"].values():
         assert r["rounds"] == 1 and "critic" not in r["llm_calls_by_role"]
-    for qid, r in by["canopy"].items():
+    for qid, r in by["shipped"].items():
         assert r["tokens_after"] <= r["tokens_before"] == by["vanilla"][qid]["tokens_before"]
         # k = 10 over at most 5 candidates: all are in the evidence after round 1, so no critic
         assert r["rounds"] == 1 and "critic" not in r["llm_calls_by_role"]
@@ -144,8 +152,8 @@ def test_methods_behave_as_specified(tiny_runs, tiny_set, minilm, random_adapter
     for r in by["flat"].values():  # m = 5 leaves per item at most
         assert all(sum(b - a for a, b in spans) <= 5 for spans in r["kept"].values())
     # no adapter in the default config: f_theta is f0, so frozen reproduces canopy exactly
-    assert tiny_runs["frozen"]["spec"]["node_adapter"] == tiny_runs["canopy"]["spec"]["node_adapter"] == "frozen"
-    for qid, r in by["canopy"].items():
+    assert tiny_runs["frozen"]["spec"]["node_adapter"] == tiny_runs["shipped"]["spec"]["node_adapter"] == "frozen"
+    for qid, r in by["shipped"].items():
         assert by["frozen"][qid]["kept"] == r["kept"] and by["frozen"][qid]["prediction"] == r["prediction"]
 
     # with an adapter (f_theta != f0): frozen scores nodes with f0, canopy with f_theta
@@ -178,7 +186,7 @@ def test_methods_behave_as_specified(tiny_runs, tiny_set, minilm, random_adapter
         return out
 
     frozen_run, frozen_ans = run_scores("frozen")
-    canopy_run, canopy_ans = run_scores("canopy")
+    canopy_run, canopy_ans = run_scores("shipped")
     assert frozen_run["spec"]["node_adapter"] == "frozen"
     assert canopy_run["spec"]["node_adapter"] == tuned.encoder.adapter_id != "frozen"
     for qid in frozen_ans:  # on the nodes refinement scored (it scores only those it visits)
@@ -192,12 +200,12 @@ def test_methods_behave_as_specified(tiny_runs, tiny_set, minilm, random_adapter
         for r in ans.results:
             assert max(abs(x - f0[r.id][s]) for s, x in r.scores.items()) > 1e-3, (qid, r.id)
     # frozen with the adapter loaded reproduces canopy without one
-    assert [r["kept"] for r in frozen_run["records"]] == [r["kept"] for r in tiny_runs["canopy"]["records"]]
+    assert [r["kept"] for r in frozen_run["records"]] == [r["kept"] for r in tiny_runs["shipped"]["records"]]
 
 
 @pytest.mark.integration
 def test_matched_baselines_replay_canopy_at_its_tokens_per_item(tiny_runs, runner, tiny_set):
-    canopy = {r["id"]: r for r in tiny_runs["canopy"]["records"]}
+    canopy = {r["id"]: r for r in tiny_runs["shipped"]["records"]}
     differs = False
     for name in ("random", "flat_matched"):
         for r in tiny_runs[name]["records"]:

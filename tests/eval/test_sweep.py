@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 def _spec(index: Path, branching: list[int]) -> SweepSpec:
     return SweepSpec(config="configs/cpu.yaml", setting="open", questions=3, llm_cache=True,
                      datasets={"tiny": DatasetSpec(questions=str(QUESTIONS), index=str(index))},
-                     ablation=None, grids=[GridSpec(methods=["canopy"], k=[2], branching=branching)],
+                     ablation=None, grids=[GridSpec(methods=["shipped"], k=[2], branching=branching)],
                      pool=PoolSpec(min_actors=1, max_actors=2))
 
 
@@ -31,7 +31,7 @@ def test_two_point_sweep_end_to_end_then_resume(tiny_index, tmp_path):
     out = tmp_path / "sweep"
     first = run_sweep(_spec(tiny_index, [2, 3]), out, root=ROOT, client_factory=scripted.scripted_factory,
                       progress=lambda s: None)
-    assert sorted(first["ran"]) == ["tiny/canopy_k2_B2_n3", "tiny/canopy_k2_B3_n3"] and first["skipped"] == []
+    assert sorted(first["ran"]) == ["tiny/shipped_k2_B2_n3", "tiny/shipped_k2_B3_n3"] and first["skipped"] == []
     for key in first["ran"]:
         run = json.loads((out / "points" / f"{key}.json").read_text())
         assert run["spec"]["setting"] == "open" and run["spec"]["k"] == 2 and run["errors"] == 0
@@ -39,7 +39,7 @@ def test_two_point_sweep_end_to_end_then_resume(tiny_index, tmp_path):
         assert 0 <= run["aggregate"]["answer_recall"]["mean"] <= 1
     assert (out / "results.md").exists() and (out / "quality_vs_tokens.png").stat().st_size > 1000
     assert (out / "tokens_by_b.png").stat().st_size > 1000
-    assert "| canopy | 2 | 3 |" in (out / "results.md").read_text()
+    assert "| shipped | 2 | 3 |" in (out / "results.md").read_text()
 
     before = _mtimes(out)
     again = run_sweep(_spec(tiny_index, [2, 3]), out, root=ROOT, client_factory=scripted.scripted_factory,
@@ -48,28 +48,28 @@ def test_two_point_sweep_end_to_end_then_resume(tiny_index, tmp_path):
 
     grown = run_sweep(_spec(tiny_index, [2, 3, 4]), out, root=ROOT, client_factory=scripted.scripted_factory,
                       progress=lambda s: None, report=False)
-    assert grown["ran"] == ["tiny/canopy_k2_B4_n3"] and len(grown["skipped"]) == 2
+    assert grown["ran"] == ["tiny/shipped_k2_B4_n3"] and len(grown["skipped"]) == 2
     assert {k: v for k, v in _mtimes(out).items() if k in before} == before
 
 
-def test_matched_points_replay_canopy_in_the_open_setting(tiny_index, tmp_path):
-    spec = _spec(tiny_index, [2]).model_copy(update={"grids": [GridSpec(methods=["canopy", "random", "flat_matched"],
+def test_matched_points_replay_shipped_in_the_open_setting(tiny_index, tmp_path):
+    spec = _spec(tiny_index, [2]).model_copy(update={"grids": [GridSpec(methods=["shipped", "random", "flat_matched"],
                                                                          k=[2], branching=[2])]})
     out = tmp_path / "sweep"
     done = run_sweep(spec, out, root=ROOT, client_factory=scripted.scripted_factory, progress=lambda s: None,
                      report=False)
     assert len(done["ran"]) == 3
     runs = {m: json.loads((out / "points" / "tiny" / f"{m}_k2_B2_n3.json").read_text())
-            for m in ("canopy", "random", "flat_matched")}
-    canopy = {r["id"]: r for r in runs["canopy"]["records"]}
+            for m in ("shipped", "random", "flat_matched")}
+    shipped = {r["id"]: r for r in runs["shipped"]["records"]}
     for m in ("random", "flat_matched"):
         assert runs[m]["errors"] == 0
         for r in runs[m]["records"]:
-            c = canopy[r["id"]]
+            c = shipped[r["id"]]
             assert r["retrieved"] == c["retrieved"] and set(r["kept_tokens"]) == set(c["kept_tokens"])
         # matched: within one leaf per item, so within a few percent over the run
         got = sum(sum(r["kept_tokens"].values()) for r in runs[m]["records"])
-        budget = sum(sum(r["kept_tokens"].values()) for r in runs["canopy"]["records"])
+        budget = sum(sum(r["kept_tokens"].values()) for r in runs["shipped"]["records"])
         assert abs(got - budget) <= 0.15 * budget, (m, got, budget)
 
 
@@ -102,17 +102,17 @@ def test_committed_sweep_config_expands_to_the_ablation_and_the_grid():
     keys = {point_key(p) for p in points}
     n = spec.questions
     for ds in spec.datasets:
-        assert {f"{ds}/canopy_k{k}_B{b}_n{n}" for k in (5, 10, 20) for b in (2, 3, 4)} <= keys
+        assert {f"{ds}/shipped_k{k}_B{b}_n{n}" for k in (5, 10, 20) for b in (2, 3, 4)} <= keys
         assert {f"{ds}/no_iteration_k{k}_B{b}_n40_noreader" for k in (5, 10, 20) for b in (2, 3, 4)} <= keys
         # vanilla passes items whole: B cannot matter, so it runs once per k
         assert {p["branching"] for p in points if p["dataset"] == ds and p["method"] == "vanilla"} == {2}
-        assert "grid" in next(p for p in points if point_key(p) == f"{ds}/canopy_k10_B2_n{n}")["roles"]
+        assert "grid" in next(p for p in points if point_key(p) == f"{ds}/shipped_k10_B2_n{n}")["roles"]
         assert {p["method"] for p in points if p["dataset"] == ds and "ablation" in p["roles"]} == set(
             spec.ablation.methods)
     assert len(keys) == len(points)
     with pytest.raises(ValueError):
         SweepSpec.model_validate(yaml.safe_load("datasets: {x: {questions: q.jsonl}}\ngrids: [{methods: [nope]}]"))
-    assert AblationSpec().methods[0] == "canopy"
+    assert AblationSpec().methods[0] == "shipped"
 
 
 def test_committed_k_by_b_grid_expands_to_every_point():

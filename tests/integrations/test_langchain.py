@@ -56,3 +56,14 @@ def test_empty_documents_pass_through_and_missing_ids_are_fine():
     out = CanopyCompressor().compress_documents(docs, "How many moons does Saturn have?")
     assert out[0] is docs[0] and out[1].id is None and out[1].metadata["title"] == "Saturn"
     assert out[1].metadata["canopy"]["origin_tokens"] >= out[1].metadata["canopy"]["compressed_tokens"] > 0
+
+
+def test_the_compressors_policy_replaces_the_configs():
+    docs = [Document(page_content=text, metadata={"title": title}, id=i) for i, title, text in DOCS]
+    items = [text_item(i, title, text) for i, title, text in DOCS]
+    wide = CanopyCompressor(config=F0, policy="canopy margin=1").compress_documents(docs, QUERY)
+    expected = canopy_ray.compress(QUERY, items, config=F0, policy="canopy margin=1")
+    # nothing beats a node by 1: every document kept whole, none dropped (the config's hybrid drops some)
+    assert all(r.kept == [r.tree.root.span] for r in expected)
+    assert [d.page_content for d in wide] == [r.evidence.text for r in expected] and len(wide) == len(docs)
+    assert len(CanopyCompressor(config=F0).compress_documents(docs, QUERY)) < len(docs)

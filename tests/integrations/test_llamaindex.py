@@ -72,3 +72,14 @@ def test_postprocessor_in_a_query_engine(index):
     assert sources[0].node.get_content() in str(response) and "origin_tokens" not in str(response)
     assert sources[0].node.ref_doc_id == "eiffel" and "canopy" in sources[0].node.metadata
     assert len(sources[0].node.get_content()) < len(DOCS[0][2])
+
+
+def test_the_postprocessors_policy_replaces_the_configs(index):
+    retrieved = index.as_retriever(similarity_top_k=3).retrieve(QUERY)
+    items = [text_item(n.node.node_id, n.node.metadata["title"], n.node.get_content()) for n in retrieved]
+    wide = CanopyPostprocessor(config=F0, policy="canopy margin=1").postprocess_nodes(retrieved, query_str=QUERY)
+    expected = canopy_ray.compress(QUERY, items, config=F0, policy="canopy margin=1")
+    # nothing beats a node by 1: every node kept whole, none dropped (the config's hybrid drops some)
+    assert all(r.kept == [r.tree.root.span] for r in expected)
+    assert [n.node.get_content() for n in wide] == [r.evidence.text for r in expected] and len(wide) == 3
+    assert len(CanopyPostprocessor(config=F0).postprocess_nodes(retrieved, query_str=QUERY)) < 3

@@ -18,7 +18,6 @@ with SIGINT at its default, however pytest itself was started.
 import importlib.util
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -27,9 +26,7 @@ import yaml
 
 from tests.jobs.processes import run_in_own_pids, shell_text, unshare_ok
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from local_cluster import free_ports  # noqa: E402
+from tests.support.local_cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "index" / "corpus.jsonl"

@@ -18,7 +18,6 @@ import gzip
 import json
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -27,9 +26,7 @@ import yaml
 
 from tests.jobs.processes import run_in_own_pids, unshare_ok
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from local_cluster import free_ports, isolate_flags, node_ports  # noqa: E402
+from tests.support.local_cluster import free_ports, isolate_flags, node_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "multi-node.md"

@@ -1,26 +1,23 @@
 """A whole worker node lost mid-job: the index job on a head and two worker nodes
-(``benchmarks/local_cluster.py``: one ``ray start`` per node on 127.0.0.1, token auth on), its
+(``tests/support/local_cluster.py``: one ``ray start`` per node on 127.0.0.1, token auth on), its
 two embedding actors spread one per worker; worker-1 is then SIGKILLed, every process of it
 (raylet, agents, the embedding actor's worker) at once.
 
 The job finishes by itself: the GCS marks the node dead, Ray Data restarts the lost actor on
 worker-2 and retries its slices. (Had the driver failed instead, the same command again would
-resume it; :func:`cluster.index_with_node_loss` does that and says so, and the test accepts it.)
-Its index equals an uninterrupted run's on the same cluster: the same ids, each once; item and
-node vectors within 1e-3; the same manifest checksums (so in fact byte for byte).
+resume it; :func:`tests.support.node_loss.index_with_node_loss` does that and says so, and the
+test accepts it.) Its index equals an uninterrupted run's on the same cluster: the same ids, each
+once; item and node vectors within 1e-3; the same manifest checksums (so in fact byte for byte).
 """
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from cluster import (EMBEDDER, index_argv, index_with_node_loss, run_index_job, same_index,  # noqa: E402
-                     summary_of, text_corpus)
-from local_cluster import RAY, LocalCluster  # noqa: E402
+from tests.support.local_cluster import RAY, LocalCluster
+from tests.support.node_loss import (EMBEDDER, index_argv, index_with_node_loss, run_index_job, same_index,
+                                     summary_of, text_corpus)
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which(RAY) is None, reason=f"no `ray` command next to the interpreter ({RAY})")]

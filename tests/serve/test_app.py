@@ -7,6 +7,8 @@ import httpx
 import pytest
 
 from canopy_ray import balanced_tree, refine
+from canopy_ray.config import DEFAULT_POLICY
+from canopy_ray.core.policy import Policy
 from canopy_ray.core.refine import hybrid
 
 pytestmark = [pytest.mark.integration,
@@ -34,12 +36,10 @@ def test_health_and_config(url):
     assert conf["serve"]["host"] == "127.0.0.1" and conf["index_info"]["count"] == 13
 
 
-def test_compress_explain_agrees_with_the_hybrid(url):
-    from canopy_ray.config import load_config
-
-    ref = load_config().refinement  # the CPU default the app serves
+def test_compress_explain_agrees_with_the_hybrid(url, cfg):
+    policy = cfg.policy  # the CPU default the app serves
     body = post(url, "/v1/compress", {"query": QUESTION, "items": [ITEM, TABLE], "explain": True}).json()
-    assert body["refinement"] == ref.mode == "hybrid" and body["margin"] is None  # Algorithm 1's, unused
+    assert body["policy"] == str(policy) == DEFAULT_POLICY and policy.kind == "hybrid"  # the server's, said
     trees = [balanced_tree(5, 2), balanced_tree(3, 2)]
     scores = [{tuple(node["span"]): node["score"] for node in item["nodes"] if node["score"] is not None}
               for item in body["items"]]
@@ -47,29 +47,32 @@ def test_compress_explain_agrees_with_the_hybrid(url):
     # rise to; the rule over those scores is the forest
     assert all((i, i + 1) in sc for t, sc in zip(trees, scores) for i in range(*t.span))
     assert sum(map(len, scores)) < sum(len(list(t.walk())) for t in trees)
-    kept = hybrid(trees, scores, ref.share, ref.fallback, ref.lead, ref.cutoff)
+    kept = hybrid(trees, scores, policy.share, cutoff=policy.cutoff)
     assert [[list(s) for s in k] for k in kept] == [item["kept"] for item in body["items"]]
     assert "1889" in body["items"][0]["evidence"]
 
 
-def test_compress_explain_agrees_with_refine(url):
-    r = post(url, "/v1/compress", {"query": QUESTION, "items": [ITEM, TABLE], "explain": True,
-                                   "refinement": "canopy"})
+def test_compress_explain_agrees_with_refine(url, cfg):
+    paper = f"canopy margin={cfg.margin:g}"  # Algorithm 1 at the CPU default's calibrated margin
+    assert cfg.margin > 0
+    r = post(url, "/v1/compress", {"query": QUESTION, "items": [ITEM, TABLE], "explain": True, "policy": paper})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["refinement"] == "canopy" and body["margin"] > 0  # the CPU default's calibrated margin
+    assert body["policy"] == paper  # the request's, said in the response
+    margin = Policy.parse(body["policy"]).margin
     for item, n in zip(body["items"], (5, 3)):
         # only visited nodes were scored (and encoded); refinement over them gives the kept forest
         scores = {tuple(node["span"]): node["score"] for node in item["nodes"] if node["score"] is not None}
-        # at the margin the server used (the config's calibrated one, said in the response)
-        assert [list(s) for s in refine(balanced_tree(n, 2), scores, body["margin"])] == item["kept"]
+        assert (0, n) in scores  # Algorithm 1 scores the root first (the hybrid starts at the leaves)
+        # at the margin the server used (the request's, said in the response)
+        assert [list(s) for s in refine(balanced_tree(n, 2), scores, margin)] == item["kept"]
         # (encoded now, or served by the vector cache: other tests send these items too)
         assert item["nodes_encoded"] <= item["nodes_scored"] == len(scores) <= item["nodes_total"]
         assert {node["decision"] for node in item["nodes"]} <= {"kept", "split", "dropped", "within"}
         assert item["tokens_after"] <= item["tokens_before"]
     assert body["tokens_before"] == sum(i["tokens_before"] for i in body["items"])
     assert body["encoded_tokens"] == sum(i["encoded_tokens"] for i in body["items"])
-    again = post(url, "/v1/compress", {"query": QUESTION, "items": [ITEM, TABLE], "refinement": "canopy"}).json()
+    again = post(url, "/v1/compress", {"query": QUESTION, "items": [ITEM, TABLE], "policy": paper}).json()
     assert again["nodes_encoded"] == 0 and again["items"][0]["kept"] == body["items"][0]["kept"]  # vector cache
     cache = httpx.get(url + "/v1/config").json()["compression"]["vector_cache"]
     assert cache["hits"] >= body["nodes_scored"] and cache["entries"] > 0
@@ -102,6 +105,12 @@ def test_compress_options(url):
      403, "path_outside_media_root"),
     ({"query": QUESTION, "items": [ITEM], "branching": 1}, 422, "invalid_request"),
     ({"query": QUESTION, "items": [ITEM], "surprise": True}, 422, "invalid_request"),
+    ({"query": QUESTION, "items": [ITEM], "refinement": "canopy"}, 422, "invalid_request"),  # the old field
+    ({"query": QUESTION, "items": [ITEM], "policy": "zip"}, 422, "invalid_request"),
+    ({"query": QUESTION, "items": [ITEM], "policy": "canopy share=0.4"}, 422, "invalid_request"),
+    ({"query": QUESTION, "items": [ITEM], "policy": 0.05}, 422, "invalid_request"),
+    ({"query": QUESTION, "items": [ITEM], "policy": "canopy margin=auto"}, 422, "invalid_request"),  # config only
+    ({"query": QUESTION, "items": [ITEM], "policy": "hybrid share=0.4 cross=0.3"}, 422, "no_cross_encoder"),
 ])
 def test_bad_compress_requests_get_a_4xx_with_a_reason(url, body, status, reason):
     r = post(url, "/v1/compress", body)
@@ -117,7 +126,10 @@ def test_media_inside_the_root_is_accepted(url):
 
 
 @pytest.mark.parametrize("body,status", [({"question": ""}, 422), ({"question": "x", "k": 0}, 422),
-                                         ({"question": "x", "rounds": 11}, 422), ({"question": "x", "mode": "zip"}, 422)])
+                                         ({"question": "x", "rounds": 11}, 422), ({"question": "x", "mode": "zip"}, 422),
+                                         ({"question": "x", "margin": 0.1}, 422),  # the old fields
+                                         ({"question": "x", "policy": "flat top=0"}, 422),
+                                         ({"question": "x", "policy": "canopy margin=auto"}, 422)])
 def test_bad_answer_requests(url, body, status):
     assert post(url, "/v1/answer", body).status_code == status
 
@@ -141,7 +153,7 @@ def test_answer_matches_the_in_process_pipeline(url, cfg):
     assert r.status_code == 200, r.text
     served = r.json()
     assert served["rounds"] >= 1 and served["llm_calls"]["reader"] == 1
-    assert served["margin"] is None  # the server's refinement is the hybrid: no margin was used
+    assert served["policy"] == str(cfg.policy)  # the server's, said in the answer
     assert set(served["tokens"]) == {"before", "after", "reader", "encoded", "nodes_encoded", "nodes_total"}
     assert {"encode", "search", "compress", "llm_reader", "total"} <= set(served["timings"])
 
@@ -155,3 +167,12 @@ def test_answer_matches_the_in_process_pipeline(url, cfg):
         [(e["item_id"], e["spans"]) for e in served["evidence"]]
     assert ans["answer"] == served["answer"] and ans["rounds"] == served["rounds"]
     assert comp.stats["encoded"] == 0 < comp.stats["store"]  # the index's node store served every node
+    # a request's policy travels into the pipeline: Algorithm 1 there, as in process
+    paper = "canopy margin=0"
+    r = post(url, "/v1/answer", {"question": QUESTION, "policy": paper, "rounds": 1})
+    assert r.status_code == 200, r.text
+    served = r.json()
+    ans = local.answer_sync(QUESTION, policy=Policy.parse(paper), rounds=1).to_dict()
+    assert served["policy"] == paper
+    assert [(e["item_id"], e["spans"]) for e in ans["evidence"]] == \
+        [(e["item_id"], e["spans"]) for e in served["evidence"]]

@@ -8,6 +8,7 @@ import pytest
 import canopy_ray
 from canopy_ray.client import ServiceError
 from canopy_ray.compressor import format_forest
+from canopy_ray.config import DEFAULT_POLICY
 from canopy_ray.core.errors import ItemError
 
 pytestmark = [pytest.mark.integration,
@@ -55,15 +56,21 @@ def test_the_default_in_process_compresses_as_the_served_app(client):
     assert any(f.scores != pytest.approx(r.scores, abs=1e-4) for f, r in zip(frozen, local))  # f_theta is not f0
 
 
-def test_the_refinement_and_its_margin_travel_with_the_request(client):
-    wide = client.compress(QUERY, ITEMS, margin=1.0, refinement="canopy", explain=True)
+def test_the_policy_and_its_margin_travel_with_the_request(client):
+    wide = client.compress(QUERY, ITEMS, policy="canopy margin=1", explain=True)
     assert [r.kept for r in wide] == [[r.tree.root.span] for r in wide]  # nothing beats a node by 1.0
-    for margin in (0.0, 0.02):
-        local = canopy_ray.compress(QUERY, ITEMS, margin=margin, refinement="canopy")
-        served = client.compress(QUERY, ITEMS, margin=margin, refinement="canopy")
-        assert [r.kept for r in local] == [r.kept for r in served]
-    hybrid = client.compress(QUERY, ITEMS, refinement="hybrid")
-    assert [r.kept for r in hybrid] == [r.kept for r in canopy_ray.compress(QUERY, ITEMS)]
+    assert [r.kept for r in wide] != [r.kept for r in client.compress(QUERY, ITEMS)]  # not the server's policy
+    for policy in ("canopy margin=0", "canopy margin=0.02", "flat top=2", "hybrid share=0.6 bm25=0.2"):
+        local = canopy_ray.compress(QUERY, ITEMS, policy=policy)
+        served = client.compress(QUERY, ITEMS, policy=policy, explain=True)
+        assert [r.kept for r in local] == [r.kept for r in served], policy
+        for r, e in zip(local, served, strict=True):
+            assert e.scores == pytest.approx(r.scores, abs=1e-4)
+    shipped = client.compress(QUERY, ITEMS, policy=DEFAULT_POLICY)  # named: the server's own
+    assert [r.kept for r in shipped] == [r.kept for r in canopy_ray.compress(QUERY, ITEMS)]
+    with pytest.raises(ServiceError) as e:  # auto is a config's margin alone
+        client.compress(QUERY, ITEMS, policy="canopy margin=auto")
+    assert (e.value.status, e.value.reason) == (422, "invalid_request")
 
 
 def test_client_errors_and_answer(client):
@@ -72,8 +79,9 @@ def test_client_errors_and_answer(client):
     assert (e.value.status, e.value.reason) == (413, "too_many_items")
     with pytest.raises(ItemError):  # checked here, before any request
         client.compress(QUERY, [{"id": "x", "modality": "text", "text": " "}])
-    ans = client.answer("When was the Eiffel Tower built?", rounds=1, k=2)
+    ans = client.answer("When was the Eiffel Tower built?", rounds=1, k=2, policy="canopy margin=0")
     assert ans["rounds"] == 1 and len(ans["retrieved"]) <= 2 and "answer" in ans
+    assert ans["policy"] == "canopy margin=0"
 
 
 def test_framework_adapters_served_and_in_process_agree(url, cfg):
@@ -87,6 +95,10 @@ def test_framework_adapters_served_and_in_process_agree(url, cfg):
 
     docs = [Document(page_content=ITEMS[0]["text"], metadata={"title": "Saturn"}, id="d1")]
     served, local = (CanopyCompressor(**kw).compress_documents(docs, QUERY) for kw in ({"url": url}, {"config": cfg}))
+    assert served == local and served[0].metadata["canopy"]["compressed_tokens"] > 0
+    paper = {"policy": "canopy margin=0"}  # the adapters' policy travels to the server too
+    served, local = (CanopyCompressor(**kw, **paper).compress_documents(docs, QUERY)
+                     for kw in ({"url": url}, {"config": cfg}))
     assert served == local and served[0].metadata["canopy"]["compressed_tokens"] > 0
     nodes = [NodeWithScore(node=TextNode(text=ITEMS[0]["text"], id_="n1"), score=0.5)]
     served, local = (CanopyPostprocessor(**kw).postprocess_nodes(nodes, query_str=QUERY)

@@ -1,6 +1,6 @@
 """Serve across nodes, a worker node lost under load: the application (configs/cpu.yaml's,
 no LLM: /v1/compress) deployed with ``serve deploy`` on a head and two worker nodes on 127.0.0.1
-(``benchmarks/local_cluster.py``), two replicas of each model deployment on the workers (Ray
+(``tests/support/local_cluster.py``), two replicas of each model deployment on the workers (Ray
 spreads them softly), the Ingress beside the HTTP proxy on the head. Under load at concurrency 4,
 the worker holding the most replicas is SIGKILLed, every process of it at once (raylet, agents,
 its replicas).
@@ -8,21 +8,17 @@ its replicas).
 Every request gets an answer: a 200 or a JSON 5xx with a reason (never plain text, never a
 reset, never a hang), requests succeed again soon after the kill, and Serve brings every model
 deployment back to two replicas on the surviving worker. The bounds are hang bounds only; the
-times are measured by ``benchmarks/cluster.py``.
+times are measured by ``benchmarks/cluster_serve.py``.
 """
 
 import asyncio
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from cluster import (SERVE, SPREAD, busiest_worker, replicas_by_node, serve_deploy,  # noqa: E402
-                     serve_with_node_loss, serve_yaml)
-from local_cluster import RAY, LocalCluster, free_ports  # noqa: E402
+from tests.support.local_cluster import RAY, LocalCluster, free_ports
+from tests.support.node_loss import (SERVE, SPREAD, busiest_worker, replicas_by_node, serve_deploy,
+                                     serve_with_node_loss, serve_yaml)
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which(RAY) is None or shutil.which(SERVE) is None,

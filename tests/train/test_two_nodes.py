@@ -1,5 +1,5 @@
 """Ray Train over several nodes: f_theta's LoRA trained by 2 data-parallel workers on
-worker nodes of 1 CPU each (``benchmarks/local_cluster.py``; one Ray Train worker fits a node)
+worker nodes of 1 CPU each (``tests/support/local_cluster.py``; one Ray Train worker fits a node)
 against 1 worker on the same cluster, and the 2-worker run loses a node mid-run: one worker node
 holding a Train worker is SIGKILLed (raylet and every process on it) once a checkpoint is
 registered, and Ray Train (``training.max_failures``) restarts both workers on the nodes left,
@@ -11,16 +11,12 @@ rank 0's, over its share of the batches: not compared.)
 """
 
 import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from cluster import TRAIN_WORKER, train_on_cluster, train_with_node_loss  # noqa: E402
-from local_cluster import RAY, LocalCluster  # noqa: E402
+from tests.support.local_cluster import RAY, LocalCluster
+from tests.support.node_loss import TRAIN_WORKER, train_on_cluster, train_with_node_loss
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which(RAY) is None, reason=f"no `ray` command next to the interpreter ({RAY})")]
