@@ -58,7 +58,9 @@ def compress(query: str, items: Sequence[Any], *, config: str | CanopyConfig | N
     (:mod:`canopy_ray.core.policy`, e.g. ``"canopy margin=0.05"`` for Algorithm 1).
     """
     from canopy_ray.core.items import parse_item
+    from canopy_ray.core.policy import resolved
 
     cfg = config if isinstance(config, CanopyConfig) else load_config(config)
     parsed = [parse_item(it) if isinstance(it, dict) else it for it in items]
-    return _compressor(cfg).compress(query, parsed, branching=branching, policy=policy)
+    return _compressor(cfg).compress(query, parsed, branching=branching,
+                                   policy=resolved(policy, lambda: cfg.margin) if policy else None)

@@ -118,8 +118,15 @@ def cmd_compress(args) -> int:
     if not items:
         print("no valid items", file=sys.stderr)
         return 2
+    from canopy_ray.core.policy import PolicyError, resolved
+
     comp = _compressor(args.config)
-    results = comp.compress(args.query, items, branching=args.branching, policy=args.policy)
+    try:  # an auto margin is the config's calibrated one
+        policy = resolved(args.policy, lambda: load_config(args.config).margin) if args.policy else None
+    except PolicyError as e:
+        print(f"error: --policy: {e}", file=sys.stderr)
+        return 2
+    results = comp.compress(args.query, items, branching=args.branching, policy=policy)
     if args.json:
         print(json.dumps([r.to_dict(explain=True) for r in results], indent=1))
     else:

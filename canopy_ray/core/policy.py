@@ -152,5 +152,7 @@ def _every_leaf(roots: Sequence[Node], leaves: bool = True):
     return scores
 
 
-def parse_policy(text: str | Policy) -> Policy:
-    return text if isinstance(text, Policy) else Policy.parse(text)
+def resolved(text: str | Policy, margin) -> Policy:
+    """A caller's policy with an ``auto`` margin resolved by ``margin()`` (asked only then)."""
+    policy = text if isinstance(text, Policy) else Policy.parse(text)
+    return policy.with_margin(margin()) if policy.margin is None else policy
