@@ -62,7 +62,7 @@ def compress(store, enc, trees):
     """Compress through the Compressor, the store's consumer; the stats say what came from where."""
     from canopy_ray.compressor import Compressor
 
-    comp = Compressor(enc, node_store=store)
+    comp = Compressor(enc, node_store=store, policy="canopy margin=0")
     return comp.compress_items(Q, [t.item for t in trees]), comp.stats
 
 
@@ -100,7 +100,7 @@ def test_other_branching_encodes_only_the_spans_the_store_lacks(store_dir):
     store = NodeStore.load(store_dir, adapter_id="frozen", model_id="fake")
     stored = store.lookup("a")
     enc = CountingEncoder()
-    comp = Compressor(enc, node_store=store)
+    comp = Compressor(enc, node_store=store, policy="canopy margin=0")
     (r,) = comp.compress_items(Q, [tree("a", 5).item], CompressOptions(branching=3))
     assert [c.span for c in r.tree.root.children] == [(0, 2), (2, 4), (4, 5)]
     assert enc.calls == comp.stats["encoded"] == sum(s not in stored for s in r.scores)
