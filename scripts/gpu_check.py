@@ -315,7 +315,7 @@ def scoring_row(name: str, setting: str, enc, items, questions, device, repeat: 
     work = [(enc.encode_queries([q.question])[0], [items[c] for c in q.candidates]) for q in qs]
 
     def run():
-        comp = Compressor(enc, policy="canopy margin=0")  # Algorithm 1; no store, no cache: every visited node is encoded
+        comp = Compressor(enc, policy="canopy margin=0")  # Algorithm 1; no store or cache: every visited node encoded
         results = [r for qv, its in work for r in comp.compress_items(qv, its)]
         return comp.stats["encoded"], results
 
