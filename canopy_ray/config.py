@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from canopy_ray.core.policy import Policy
+from canopy_ray.core.policy import Policy, resolved
 
 
 class Section(BaseModel):
@@ -348,8 +348,7 @@ class CanopyConfig(Section):
     @property
     def policy(self) -> Policy:
         """The configured policy, an ``auto`` margin resolved (:attr:`margin`)."""
-        policy = Policy.parse(self.refinement.policy)
-        return policy.with_margin(self.margin) if policy.kind == "canopy" and policy.margin is None else policy
+        return resolved(self.refinement.policy, lambda: self.margin)
 
     def override(self, **sections: dict) -> "CanopyConfig":
         """A validated copy with some sections' keys replaced: ``cfg.override(serve={"port": 9000})``."""
