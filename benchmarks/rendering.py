@@ -3,10 +3,10 @@
 ``core.evidence.shown_spans`` joins two kept parts of an item when the dropped part between them
 costs no more words than the "..." marker would (and shows a video or an item whole when its kept
 parts would render longer than the whole). ``tokens_after`` and the reader count that rendered
-text. This replays the ``canopy`` run JSONs of a results folder (their kept spans, over the
+text. This replays the ``shipped`` run JSONs of a results folder (their kept spans, over the
 corpora they name) and counts, in the reader's tokens, each item rendered both ways.
 
-    python benchmarks/rendering.py results/eval/given [--data runs/data]
+    python benchmarks/rendering.py results/eval/given-hybrid [--data runs/data]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     count = token_counter(cfg.llm)
     print("| data set | items | items shown otherwise | tokens, kept spans verbatim | tokens as shown | change |")
     print("|---|---|---|---|---|---|")
-    for path in sorted(Path(args.results).rglob("*_canopy.json")):
+    for path in sorted(Path(args.results).rglob("*_shipped.json")):
         run = json.loads(path.read_text())
         items, _ = load_dataset(Path(args.data) / run["spec"]["dataset"])
         verbatim = shown = changed = n = 0

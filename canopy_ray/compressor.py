@@ -6,7 +6,8 @@ nodes it visits, so nodes are scored level by level (:meth:`Policy.asks`: Algori
 every item's root, then the children of every node that splits; the hybrid for every leaf, then
 the parents a chosen leaf may rise to); nothing else is encoded. A node's score is
 :func:`canopy_ray.core.scoring.compose` of the cosine of f0(q) and f_theta(v) and the policy's
-terms (BM25, title, link and, with ``models.scorer``, the cross-encoder's probability). A node's
+terms (BM25, title, bridge, link and, with ``models.scorer``, the cross-encoder's probability;
+the bridge term encodes one more query, after the first level). A node's
 vector comes from the index's node store (items from that index), else from the bounded vector
 cache (any node seen before), else from the node encoder.
 """
@@ -26,7 +27,7 @@ from canopy_ray.core.items import Item
 from canopy_ray.core.lexical import titled
 from canopy_ray.core.policy import Policy
 from canopy_ray.core.refine import Ask, drive, fates
-from canopy_ray.core.scoring import compose, lexical, linked
+from canopy_ray.core.scoring import best_item, bridge_query, compose, lexical, linked
 
 NODE_ENCODERS = ("tuned", "frozen")
 
@@ -130,6 +131,9 @@ class _Scoring:
         # the items the query names by title: the title term lifts them, the link term reads them
         self.asked = titled(titles, query) if self.terms.title or self.terms.link else []
         self.linked: np.ndarray | None = None  # per item, from the first ask (every ranked leaf)
+        self.query_text = query
+        self.bridge: np.ndarray | None = None  # f0 of the bridge query, from the first ask, and its item
+        self.bridge_item = -1
         # BM25 of every node of every item, all at once (core.scoring.lexical)
         self.bm25: list[dict[Span, float]] = [{} for _ in trees]
         if self.terms.bm25:
@@ -166,9 +170,8 @@ class _Scoring:
     def pieces(self, ask: Ask) -> list[Piece]:
         return [piece(self.trees[i], [n.span]) for i, n in ask]
 
-    def scores(self, ask: Ask, found, fresh: np.ndarray, tokens: Sequence[int], pairs=None) -> np.ndarray:
-        """The asked nodes' scores (:func:`canopy_ray.core.scoring.compose`; the freshly encoded
-        vectors cached and counted), ``pairs`` the cross-encoder's scores."""
+    def fill(self, ask: Ask, found, fresh: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
+        """The asked nodes' vectors, the freshly encoded ones cached and counted."""
         vecs, todo, _, keys = found
         for k, vec, key, n in zip(todo, fresh, keys, tokens, strict=True):
             vecs[k] = vec
@@ -178,8 +181,24 @@ class _Scoring:
             self.tokens[ask[k][0]] += int(n)
         self.comp.stats["encoded"] += len(todo)
         self.comp.stats["encoded_tokens"] += int(sum(tokens))
-        if not vecs:
-            return np.zeros(0)
+        return np.stack([np.asarray(v, np.float32) for v in vecs]) if vecs else np.zeros((0, len(self.query)))
+
+    def bridge_text(self, ask: Ask, vecs: np.ndarray, pairs=None) -> str | None:
+        """The bridge term's second query, when it is still to be encoded (the first ask: every
+        leaf), else None; its item is the best by the terms before it."""
+        if not self.terms.bridge or self.bridge is not None or not len(vecs):
+            return None
+        before = replace(self.terms, bridge=0.0, link=0.0)
+        self.bridge_item = best_item([i for i, _ in ask], self._compose(ask, vecs, pairs, before))
+        tree = self.trees[self.bridge_item]
+        return bridge_query(self.query_text, piece(tree, [tree.root.span]).text)
+
+    def scores(self, ask: Ask, vecs: np.ndarray, pairs=None) -> np.ndarray:
+        """The asked nodes' scores (:func:`canopy_ray.core.scoring.compose`), ``pairs`` the
+        cross-encoder's scores."""
+        return self._compose(ask, vecs, pairs, self.terms) if len(vecs) else np.zeros(0)
+
+    def _compose(self, ask: Ask, vecs: np.ndarray, pairs, terms) -> np.ndarray:
         item_of = [i for i, _ in ask]
 
         def link(partial: np.ndarray) -> np.ndarray:
@@ -189,9 +208,12 @@ class _Scoring:
                                      zip(item_of, partial.tolist()), [i for i, hit in enumerate(self.asked) if hit])
             return self.linked
 
-        return compose(np.stack([np.asarray(v, np.float32) for v in vecs]) @ self.query, item_of, self.terms,
-                       bm25=[self.bm25[i][n.span] for i, n in ask] if self.terms.bm25 else None, cross=pairs,
-                       titled=self.asked, link=link)
+        def bridge(partial: np.ndarray) -> tuple[int, np.ndarray]:
+            return self.bridge_item, vecs @ self.bridge
+
+        return compose(vecs @ self.query, item_of, terms,
+                       bm25=[self.bm25[i][n.span] for i, n in ask] if terms.bm25 else None, cross=pairs,
+                       titled=self.asked, link=link, bridge=bridge)
 
 
 class Compressor:
@@ -258,21 +280,29 @@ class Compressor:
         run, levels = self._start(items, opts, query_vec)
         if run.terms.cross and not hasattr(self.encoder, "score_nodes"):
             raise ValueError("the policy's cross term needs a cross-encoder (models.scorer)")
+        if run.terms.bridge and not hasattr(self.encoder, "encode_queries"):
+            raise ValueError("the policy's bridge term needs a query encoder (encode_queries)")
 
         def score(ask: Ask) -> np.ndarray:
             found = run.lookup(ask)
             fresh, tokens = self._encode(found[2]) if found[2] else (np.zeros((0, 0)), [])
             pairs = self.encoder.score_nodes(opts.query, run.pieces(ask)) if run.terms.cross else None
-            return run.scores(ask, found, fresh, tokens, pairs)
+            vecs = run.fill(ask, found, fresh, tokens)
+            if (text := run.bridge_text(ask, vecs, pairs)) is not None:
+                run.bridge = np.asarray(self.encoder.encode_queries([text])[0], np.float32)
+            return run.scores(ask, vecs, pairs)
 
         return self._finish(run, drive(levels, score), opts)
 
     async def acompress_items(self, query_vec: np.ndarray, items: Sequence[Item], opts: CompressOptions,
-                              encode, score=None) -> list[ItemResult]:
+                              encode, score=None, query=None) -> list[ItemResult]:
         """:meth:`compress_items` with an awaitable ``encode(pieces) -> (vectors, token counts)``
         (a Serve deployment): one call per tree level, all items together; with a cross term, the
-        awaitable ``score(pieces)`` (the cross-encoder's scores against ``opts.query``) beside it."""
+        awaitable ``score(pieces)`` (the cross-encoder's scores against ``opts.query``) beside it;
+        with a bridge term, the awaitable ``query(text)`` (f0 of the bridge query) after the first."""
         run, levels = self._start(items, opts, query_vec)
+        if run.terms.bridge and query is None:
+            raise ValueError("the policy's bridge term needs the query encoder (acompress_items' query)")
         try:
             ask = next(levels)
             while True:
@@ -281,7 +311,10 @@ class Compressor:
                 encoded = encode(found[2]) if found[2] else asyncio.sleep(0, (np.zeros((0, 0)), []))
                 scored = score(run.pieces(ask)) if run.terms.cross else asyncio.sleep(0)
                 (fresh, tokens), pairs = await asyncio.gather(encoded, scored)
-                ask = levels.send(run.scores(ask, found, fresh, tokens, pairs))
+                vecs = run.fill(ask, found, fresh, tokens)
+                if (text := run.bridge_text(ask, vecs, pairs)) is not None:
+                    run.bridge = np.asarray(await query(text), np.float32)
+                ask = levels.send(run.scores(ask, vecs, pairs))
         except StopIteration as done:
             return self._finish(run, done.value, opts)
 

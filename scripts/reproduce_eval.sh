@@ -38,6 +38,9 @@ PY=.venv/bin/python
 $C data convert --format hotpotqa "$SHARED/hotpotqa/hotpotqa_distractor_dev700.jsonl" \
     "$SHARED/hotpotqa/hotpotqa_train100.json" runs/data/hotpotqa
 $C data convert --format nq --n-distractors 9 --seed 0 "$SHARED/nq/nq_open_oracle_1655.jsonl.gz" runs/data/nq
+# NQ with hard distractors: the same split's passages nearest to the question (BM25 and f0), none holding an answer
+$C data convert --format nq --distractors hard --config "$CONFIG" --n-distractors 9 --seed 0 \
+    "$SHARED/nq/nq_open_oracle_1655.jsonl.gz" runs/data/nq_hard
 $C data convert --format tatqa "$SHARED/tatqa/tatqa_dev.json" runs/data/tatqa
 
 $C calibrate --config "$CONFIG" --target-loss 0.01 --shared-data "$SHARED" --work-dir runs/data

@@ -195,6 +195,38 @@ def test_shipped_defaults_keep_the_answer_and_do_not_keep_an_unrelated_paragraph
 
 
 @pytest.mark.integration
+def test_the_bridge_term_reads_the_question_again_beside_the_best_item(minilm):
+    from canopy_ray.core.scoring import bridge_query
+
+    items = [parse_item(json.loads(line)) for line in SAMPLE.read_text().splitlines()[:6]]
+    queries = []
+
+    class Counting:  # the packaged encoder, its queries recorded
+        def __getattr__(self, name):
+            return getattr(minilm, name)
+
+        def encode_queries(self, texts):
+            queries.extend(texts)
+            return minilm.encode_queries(texts)
+
+    plain = Compressor(minilm, policy="hybrid share=1").compress(QUESTION, items)
+    results = Compressor(Counting(), policy="hybrid share=1 bridge=1").compress(QUESTION, items)
+    # the best item by its best leaf (cosine alone here), read whole after the question
+    best = max(range(len(plain)), key=lambda i: max(plain[i].scores.values(), default=-2.0))
+    tree = results[best].tree
+    assert queries == [QUESTION, bridge_query(QUESTION, piece(tree, [tree.root.span]).text)]
+    lifted = 0
+    for i, r in enumerate(results):
+        first, second = _full_scores(minilm, r.tree, QUESTION), _full_scores(minilm, r.tree, queries[1])
+        for span in r.scores:  # a node counts by the better of its two cosines
+            cos = first[span]
+            want = cos if i == best else max(cos, second[span])
+            assert r.scores[span] == pytest.approx(want, abs=1e-5)
+            lifted += i != best and second[span] > cos
+    assert lifted  # some node scores higher against the second query
+
+
+@pytest.mark.integration
 def test_hybrid_mode_ranks_every_leaf_together_and_leaves_out_unchosen_items(minilm):
     from canopy_ray.core.evidence import node_text
     from canopy_ray.core.lexical import scaled_bm25
@@ -369,9 +401,16 @@ def test_the_async_path_equals_the_sync_one_and_awaits_all_it_makes(cross_scored
     async def score(pieces):
         return cross_scored.score_nodes(QUESTION, pieces)
 
-    served = asyncio.run(comp.acompress_items(query_vec, items, opts, encode, score))
-    gc.collect()
-    local = comp.compress_items(query_vec, items, opts)
-    assert [r.kept for r in served] == [r.kept for r in local]
-    for a, b in zip(served, local):
-        assert a.scores == pytest.approx(b.scores, abs=1e-5)
+    async def query(text):
+        return cross_scored.encode_queries([text])[0]
+
+    for policy in ("hybrid share=0.4 cross=0.4", "hybrid share=0.4 cross=0.4 bm25=0.4 bridge=1"):
+        comp = Compressor(cross_scored, policy=policy)
+        served = asyncio.run(comp.acompress_items(query_vec, items, opts, encode, score, query))
+        gc.collect()
+        local = comp.compress_items(query_vec, items, opts)
+        assert [r.kept for r in served] == [r.kept for r in local]
+        for a, b in zip(served, local):
+            assert a.scores == pytest.approx(b.scores, abs=1e-5)
+    with pytest.raises(ValueError, match="query encoder"):
+        asyncio.run(comp.acompress_items(query_vec, items, opts, encode, score))

@@ -4,12 +4,12 @@ is read and passed down as it is. Every layer below asks the policy, never "whic
 | text | asks for | keeps |
 |---|---|---|
 | ``canopy margin=M`` | each item's root, then the children of every node it splits | Algorithm 1 per item (:mod:`canopy_ray.core.refine`); cosine alone, as the paper |
-| ``hybrid share=S cutoff=C`` | every leaf, then the parents a chosen leaf may rise to | the best S of all the items' leaves ranked together (those within C of the best), each raised to its parent while the parent scores >= it; an item with no chosen leaf is left out |
+| ``hybrid share=S cutoff=C z=Z`` | every leaf, then the parents a chosen leaf may rise to | the best S of all the items' leaves ranked together (those within C of the best, and Z standard deviations above the leaves' mean), each raised to its parent while the parent scores >= it; an item with no chosen leaf is left out |
 | ``flat share=S`` / ``flat top=M`` | every leaf | the same leaves (or each item's M best), not raised |
 | ``whole`` | nothing | every item whole |
 
 The ranking policies (hybrid, flat) add score terms to the cosine
-(:class:`canopy_ray.core.scoring.Terms`): ``bm25=W title=W link=W cross=W``. So the shipped
+(:class:`canopy_ray.core.scoring.Terms`): ``bm25=W title=W link=W cross=W bridge=W``. So the shipped
 default reads ``hybrid share=0.4 cutoff=0.8 bm25=0.4 title=0.1 link=0.2``, the same in
 ``configs/cpu.yaml``, in a request's ``policy`` field, in a run's spec and in the study's tables.
 ``margin=auto`` (a config only) is the margin calibrated for the adapter, resolved by the config.
@@ -28,7 +28,7 @@ from canopy_ray.core.scoring import Terms
 KINDS = ("canopy", "hybrid", "flat", "whole")
 TERMS = tuple(f.name for f in fields(Terms))
 # which keys each kind takes, in the order the text form writes them
-KEYS = {"canopy": ("margin",), "hybrid": ("share", "cutoff") + TERMS, "flat": ("share", "top", "cutoff") + TERMS,
+KEYS = {"canopy": ("margin",), "hybrid": ("share", "cutoff", "z") + TERMS, "flat": ("share", "top", "cutoff", "z") + TERMS,
         "whole": ()}
 
 
@@ -43,6 +43,7 @@ class Policy:
     share: float = 1.0  # hybrid, flat: the share of all the items' leaves ranked together
     top: int | None = None  # flat: each item's m best leaves instead of a share
     cutoff: float | None = None  # hybrid, flat: only the leaves within this of the question's best
+    z: float | None = None  # hybrid, flat: only the leaves this many deviations above the leaves' mean score
     terms: Terms = field(default_factory=Terms)
 
     def __post_init__(self):
@@ -57,7 +58,7 @@ class Policy:
         if self.cutoff is not None and not self.cutoff >= 0:
             raise PolicyError(f"cutoff must be >= 0, got {self.cutoff!r}")
         default = Policy.__dataclass_fields__
-        for key in ("margin", "share", "top", "cutoff"):
+        for key in ("margin", "share", "top", "cutoff", "z"):
             if key not in KEYS[self.kind] and getattr(self, key) != default[key].default:
                 raise PolicyError(f"{self.kind} takes no {key}")
         if self.terms and not self.ranked:
@@ -100,7 +101,7 @@ class Policy:
 
     def __str__(self) -> str:
         values = {"margin": "auto" if self.margin is None else self.margin, "share": self.share, "top": self.top,
-                  "cutoff": self.cutoff, **dict(self.terms.items())}
+                  "cutoff": self.cutoff, "z": self.z, **dict(self.terms.items())}
         default = Policy.__dataclass_fields__
         # the margin is always written (Algorithm 1's one knob); a flat share of 1 is the default
         shown = [k for k in KEYS[self.kind] if values.get(k) is not None
@@ -124,7 +125,7 @@ class Policy:
             return score_lazily(roots, self._margin())
         if self.kind == "hybrid":
             # the link term ranks items by their best leaf, a single-node item's root among them
-            return score_hybrid(roots, self.share, singles=bool(self.terms.link), cutoff=self.cutoff)
+            return score_hybrid(roots, self.share, singles=bool(self.terms.link), cutoff=self.cutoff, z=self.z)
         return _every_leaf(roots, self.kind == "flat")
 
     def keep(self, roots: Sequence[Node], scores: Sequence[dict[Span, float]]) -> list[list[Span]]:
@@ -132,13 +133,13 @@ class Policy:
         if self.kind == "canopy":
             return [refine(r, sc, self._margin()) for r, sc in zip(roots, scores)]
         if self.kind == "hybrid":
-            return hybrid(roots, scores, self.share, cutoff=self.cutoff)
+            return hybrid(roots, scores, self.share, cutoff=self.cutoff, z=self.z)
         if self.kind == "whole":
             return [[r.span] for r in roots]
         if self.top is not None:
             return [sorted(sorted((n.span for n, _ in r.walk() if n.is_leaf), key=lambda s: -sc[s])[:self.top])
                     for r, sc in zip(roots, scores)]
-        chosen = top_leaves(roots, scores, self.share, self.cutoff)
+        chosen = top_leaves(roots, scores, self.share, self.cutoff, self.z)
         return [sorted(c) if r.children else [r.span] for r, c in zip(roots, chosen)]
 
 

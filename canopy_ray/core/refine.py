@@ -126,27 +126,39 @@ def raise_by_rule(root: Node, leaves: Sequence[Span], scores: Mapping[Span, floa
 
 
 def top_leaves(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], share: float,
-               cutoff: float | None = None) -> list[list[Span]]:
+               cutoff: float | None = None, z: float | None = None) -> list[list[Span]]:
     """The best ``share`` of the leaves of all trees with children, ranked together (ties in
-    tree order), less those scoring more than ``cutoff`` (None: no bound) below the best leaf:
-    per tree, its chosen leaves in rank order."""
+    tree order), less those scoring more than ``cutoff`` below the best leaf, and less those
+    scoring under ``z`` standard deviations above the mean of the leaves' scores (None: no
+    bound; the best leaf always stays). ``z`` reads the question's own score distribution, so
+    it keeps few leaves when one stands out and more when several do, on any scorer's scale.
+    Per tree, its chosen leaves in rank order."""
     if not 0 < share <= 1:
         raise ValueError(f"share must be in (0, 1], got {share!r}")
     ranked = sorted(((scores[i][n.span], i, n.span) for i, r in enumerate(roots) if r.children
                      for n, _ in r.walk() if n.is_leaf), key=lambda v: -v[0])
     chosen: list[list[Span]] = [[] for _ in roots]
+    if not ranked:
+        return chosen
+    best = ranked[0][0]
+    bar = best - cutoff if cutoff is not None else -math.inf
+    if z is not None:
+        values = [v for v, _, _ in ranked]
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        bar = max(bar, min(mean + z * std, best))
     for v, i, s in ranked[:math.ceil(share * len(ranked))]:
-        if cutoff is None or v >= ranked[0][0] - cutoff:
+        if v >= bar:
             chosen[i].append(s)
     return chosen
 
 
 def chosen_leaves(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], share: float,
-                  lead: bool = False, cutoff: float | None = None) -> list[list[Span]]:
+                  lead: bool = False, cutoff: float | None = None, z: float | None = None) -> list[list[Span]]:
     """The hybrid's chosen leaves per tree: :func:`top_leaves`, and with ``lead`` the first leaf
     of every tree that has one chosen (a passage's first sentence names what it is about: a
     second-hop answer often stands there)."""
-    chosen = top_leaves(roots, scores, share, cutoff)
+    chosen = top_leaves(roots, scores, share, cutoff, z)
     if lead:
         chosen = [c + [(r.span[0], r.span[0] + 1)] if c and (r.span[0], r.span[0] + 1) not in c else c
                   for r, c in zip(roots, chosen)]
@@ -154,19 +166,20 @@ def chosen_leaves(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]],
 
 
 def hybrid(roots: Sequence[Node], scores: Sequence[Mapping[Span, float]], share: float,
-           fallback: float = 0.0, lead: bool = False, cutoff: float | None = None) -> list[list[Span]]:
+           fallback: float = 0.0, lead: bool = False, cutoff: float | None = None,
+           z: float | None = None) -> list[list[Span]]:
     """The paper's remedy for flat selection (its Appendix G): the best ``share`` of all the
     trees' leaves, ranked together, each raised by :func:`raise_by_rule`, so the parent-child
     rule decides how much context a chosen leaf keeps (``fallback``: see :func:`raise_by_rule`;
-    ``lead``: see :func:`chosen_leaves`; ``cutoff``: see :func:`top_leaves`). A single-node tree
+    ``lead``: see :func:`chosen_leaves`; ``cutoff``, ``z``: see :func:`top_leaves`). A single-node tree
     (an image, a table kept whole) is kept. Kept spans per tree; ``[]``: nothing of the tree is chosen."""
-    chosen = chosen_leaves(roots, scores, share, lead, cutoff)
+    chosen = chosen_leaves(roots, scores, share, lead, cutoff, z)
     return [raise_by_rule(r, c, sc, fallback) if r.children else [r.span] for r, c, sc in zip(roots, chosen, scores)]
 
 
 def score_hybrid(roots: Sequence[Node], share: float, fallback: float = 0.0, lead: bool = False,
-                 singles: bool = False,
-                 cutoff: float | None = None) -> Generator[Ask, Sequence[float], list[dict[Span, float]]]:
+                 singles: bool = False, cutoff: float | None = None,
+                 z: float | None = None) -> Generator[Ask, Sequence[float], list[dict[Span, float]]]:
     """The scores :func:`hybrid` reads, asked for level by level like :func:`score_lazily`: every
     leaf of every tree with children (they are ranked together), then the parent of each chosen
     leaf, then the parent of each node that rose, while :func:`raise_by_rule` lets it rise. A tree
@@ -184,7 +197,7 @@ def score_hybrid(roots: Sequence[Node], share: float, fallback: float = 0.0, lea
             scores[i][node.span] = float(s)
 
     record(ask, (yield ask))
-    rising = {(i, s) for i, c in enumerate(chosen_leaves(roots, scores, share, lead, cutoff)) for s in c}
+    rising = {(i, s) for i, c in enumerate(chosen_leaves(roots, scores, share, lead, cutoff, z)) for s in c}
     while rising := {(i, s) for i, s in rising if s in parent[i]}:  # a root rises no further
         ask = list({(i, parent[i][s].span): (i, parent[i][s]) for i, s in sorted(rising)
                     if parent[i][s].span not in scores[i]}.values())

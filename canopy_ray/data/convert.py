@@ -47,7 +47,7 @@ DEFAULT_DISTRACTORS = 9
 
 
 def convert_records(fmt: str, records: Iterable[Any], *, seed: int = 0,
-                    n_distractors: int = DEFAULT_DISTRACTORS
+                    n_distractors: int = DEFAULT_DISTRACTORS, distractors: str = "random", embed=None
                     ) -> tuple[list[dict], list[dict], ConvertReport]:
     """Convert raw records in memory: ``(items, questions, report)``, all canonical dicts."""
     if fmt == "hotpotqa":
@@ -55,7 +55,7 @@ def convert_records(fmt: str, records: Iterable[Any], *, seed: int = 0,
         kwargs = {}
     elif fmt == "nq":
         from canopy_ray.data.nq import convert_nq as run
-        kwargs = {"seed": seed, "n_distractors": n_distractors}
+        kwargs = {"seed": seed, "n_distractors": n_distractors, "distractors": distractors, "embed": embed}
     elif fmt == "tatqa":
         from canopy_ray.data.tatqa import convert_tatqa as run
         kwargs = {}
@@ -69,23 +69,39 @@ def convert_records(fmt: str, records: Iterable[Any], *, seed: int = 0,
 
 
 def convert(fmt: str, in_path: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
-            seed: int = 0, n_distractors: int = DEFAULT_DISTRACTORS) -> ConvertReport:
+            seed: int = 0, n_distractors: int = DEFAULT_DISTRACTORS, distractors: str = "random",
+            embed=None) -> ConvertReport:
     """Convert ``in_path`` (one raw file, or several of one data set: one corpus, one question
     file, so one document-level split) and write ``corpus.jsonl``, ``questions.jsonl`` and
-    ``report.json``. ``seed`` and ``n_distractors`` only matter for NQ (distractor passages
-    per question).
+    ``report.json``. ``seed``, ``n_distractors``, ``distractors`` and ``embed`` only matter for
+    NQ (distractor passages per question: :func:`canopy_ray.data.nq.convert_nq`).
     """
     if fmt not in FORMATS:
         raise ConvertError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     paths = [in_path] if isinstance(in_path, (str, os.PathLike)) else list(in_path)
     records = (r for p in paths for r in read_records(p))
-    items, questions, report = convert_records(fmt, records, seed=seed, n_distractors=n_distractors)
+    items, questions, report = convert_records(fmt, records, seed=seed, n_distractors=n_distractors,
+                                               distractors=distractors, embed=embed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / "corpus.jsonl", items)
     write_jsonl(out / "questions.jsonl", questions)
     write_json(out / "report.json", report.to_dict(), indent=2)
     return report
+
+
+def _frozen_embed(config: str | None):
+    """f0 of questions and of passages (as text nodes), for hard distractors."""
+    from canopy_ray.config import load_config
+    from canopy_ray.core.evidence import Piece
+    from canopy_ray.models.encoder import build_encoder
+
+    f0 = build_encoder(load_config(config).models, adapter=False)
+
+    def embed(questions, passages):
+        return (f0.encode_queries(questions),
+                f0.encode_nodes([Piece("p", "text", ((0, 1),), t) for t in passages]))
+    return embed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,10 +115,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="distractor draw seed (nq)")
     parser.add_argument("--n-distractors", type=int, default=DEFAULT_DISTRACTORS,
                         help="distractor passages per question (nq; default %(default)s)")
+    parser.add_argument("--distractors", choices=["random", "hard"], default="random",
+                        help="nq: other questions' passages at random, or the same split's passages nearest "
+                             "to the question by BM25 and the frozen encoder, none holding an answer")
+    parser.add_argument("--config", default=None, help="the frozen encoder of --distractors hard (models)")
     args = parser.parse_args(argv)
+    embed = None
+    if args.distractors == "hard":
+        embed = _frozen_embed(args.config)
     try:
         report = convert(args.fmt, args.in_path, args.out_dir, seed=args.seed,
-                         n_distractors=args.n_distractors)
+                         n_distractors=args.n_distractors, distractors=args.distractors, embed=embed)
     except ConvertError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,6 +14,12 @@ question's split is its gold passage's), so a test question is never shown a pas
 trained the node encoder; the draw does not depend on the order of the other questions, and
 is shuffled with the same generator so the gold is not always first. Question ids are
 ``nq:<record index>``.
+
+``distractors="hard"`` draws them as a retriever would instead (:func:`hard_candidates`): the
+passages of the same split nearest to the question by BM25 and, given ``embed``, by the frozen
+encoder, in turn, those holding an answer left out. Random distractors from other questions
+rarely share a topic with the question, so they cannot tell a method that ranks from one that
+does not; retrieved ones do.
 """
 
 from __future__ import annotations
@@ -21,6 +27,14 @@ from __future__ import annotations
 import random
 from typing import Any, Iterable
 
+import math
+from collections import Counter
+from typing import Callable, Sequence
+
+import numpy as np
+
+from canopy_ray.core.lexical import terms
+from canopy_ray.core.metrics import answer_found
 from canopy_ray.core.sentences import split_sentences
 from canopy_ray.core.splits import item_key, split_of_key
 from canopy_ray.data.records import BadLine, Malformed, Sink, Value, content_hash, locate_sentences, slug
@@ -73,15 +87,78 @@ def draw_candidates(gold_id: str, pool: list[str], qid: str, *, seed: int, n: in
     return chosen
 
 
-def convert_nq(records: Iterable[Any], sink: Sink, *, seed: int = 0, n_distractors: int = 9) -> None:
+class _Bm25:
+    """BM25 over one pool of passages, its statistics computed once."""
+
+    def __init__(self, texts: Sequence[str], k1: float = 1.2, b: float = 0.75):
+        self.docs = [Counter(terms(t)) for t in texts]
+        self.lens = [sum(d.values()) for d in self.docs]
+        self.avg, self.k1, self.b = max(sum(self.lens) / max(len(self.lens), 1), 1e-9), k1, b
+        self.postings: dict[str, list[int]] = {}
+        for k, d in enumerate(self.docs):
+            for t in d:
+                self.postings.setdefault(t, []).append(k)
+
+    def scores(self, query: str) -> np.ndarray:
+        out = np.zeros(len(self.docs))
+        for t in set(terms(query)):
+            hits = self.postings.get(t, [])
+            idf = math.log(1 + (len(self.docs) - len(hits) + 0.5) / (len(hits) + 0.5))
+            for k in hits:
+                tf = self.docs[k][t]
+                out[k] += idf * tf * (self.k1 + 1) / (tf + self.k1 * (1 - self.b + self.b * self.lens[k] / self.avg))
+        return out
+
+
+def hard_candidates(gold_id: str, question: dict, pool: list[str], texts: dict[str, str], *, n: int, bm25: _Bm25,
+                    dense: np.ndarray | None = None, rng: random.Random) -> list[str]:
+    """The gold id plus the ``n`` passages of ``pool`` ranked nearest to the question, taken in
+    turn from the BM25 ranking and the dense one (``dense``: the question's cosine with each
+    pool passage), none holding one of the question's answers; shuffled."""
+    rankings = [np.argsort(-bm25.scores(question["question"]), kind="stable")]
+    if dense is not None:
+        rankings.append(np.argsort(-dense, kind="stable"))
+    chosen, seen = [gold_id], {gold_id}
+    for k in (int(r[j]) for j in range(len(pool)) for r in rankings):
+        if len(chosen) > n:
+            break
+        pid = pool[k]
+        if pid not in seen:
+            seen.add(pid)
+            if not any(answer_found(texts[pid], a) for a in question["answers"]):
+                chosen.append(pid)
+    rng.shuffle(chosen)
+    return chosen
+
+
+def convert_nq(records: Iterable[Any], sink: Sink, *, seed: int = 0, n_distractors: int = 9,
+               distractors: str = "random",
+               embed: Callable[[list[str], list[str]], tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+    """``embed(questions, passages)``: unit vectors of both (the frozen encoder), for the dense
+    half of ``distractors="hard"``; None: BM25 alone."""
+    if distractors not in ("random", "hard"):
+        raise ValueError(f"distractors must be random or hard, got {distractors!r}")
     parsed = sink.each(enumerate(records), lambda indexed: _parse(*indexed))
     by_id = {item["id"]: item for _, item, _ in parsed}
     pools: dict[str, list[str]] = {}  # distinct passages per split, in file order
     for pid in by_id:
         pools.setdefault(passage_split(pid), []).append(pid)
+    texts = {pid: f"{it['title']}. {' '.join(it['sentences'])}" for pid, it in by_id.items()}
+    lexical = {split: _Bm25([texts[p] for p in pool]) for split, pool in pools.items()} if distractors == "hard" else {}
+    dense: dict[str, np.ndarray] = {}  # per split: every question's cosine with every pool passage
+    if distractors == "hard" and embed is not None:
+        for split, pool in pools.items():
+            asked = [q for q, it, _ in parsed if passage_split(it["id"]) == split]
+            qv, pv = embed([q["question"] for q in asked], [texts[p] for p in pool])
+            dense |= {q["id"]: row for q, row in zip(asked, np.asarray(qv) @ np.asarray(pv).T)}
     for question, item, unlocated in parsed:
-        pool = pools[passage_split(item["id"])]
-        candidates = draw_candidates(item["id"], pool, question["id"], seed=seed, n=n_distractors)
+        split = passage_split(item["id"])
+        pool = pools[split]
+        if distractors == "hard":
+            candidates = hard_candidates(item["id"], question, pool, texts, n=n_distractors, bm25=lexical[split],
+                                         dense=dense.get(question["id"]), rng=random.Random(f"{seed}:{question['id']}"))
+        else:
+            candidates = draw_candidates(item["id"], pool, question["id"], seed=seed, n=n_distractors)
         if len(candidates) < n_distractors + 1:
             sink.note("fewer_distractors_than_asked")
         try:

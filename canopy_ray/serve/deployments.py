@@ -196,7 +196,7 @@ class NodeEncoder:
 
     def __init__(self, cfg: CanopyConfig):
         self.models = NodeModels(cfg)
-        for method in (self.encode_tuned, self.score_tuned, self.encode_frozen):
+        for method in (self.encode_tuned, self.score_tuned, self.encode_frozen, self.query):
             method.set_max_batch_size(cfg.serve.node_batch_size)
             method.set_batch_wait_timeout_s(cfg.serve.batch_wait_s)
 
@@ -215,6 +215,11 @@ class NodeEncoder:
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
     async def encode_frozen(self, requests: list[list[Piece]]) -> list[tuple[np.ndarray, list[int]]]:
         return self.models.run("encode_frozen", requests)
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
+    async def query(self, texts: list[str]) -> list[np.ndarray]:
+        """f0 of a policy's bridge queries (:mod:`canopy_ray.core.scoring`)."""
+        return self.models.run("query", texts)
 
     def identities(self) -> dict:
         return self.models.identities()
@@ -367,7 +372,7 @@ class Refiner:
     async def _compress(self, query_vec: np.ndarray, items: Sequence[Item],
                         opts: CompressOptions) -> list[ItemResult]:
         comp = await self._compressor(opts)
-        method, scorer = self._node_call(f"encode_{opts.node_encoder}"), self._node_call("score_tuned")
+        method, scorer, query = (self._node_call(k) for k in (f"encode_{opts.node_encoder}", "score_tuned", "query"))
 
         async def encode(pieces):
             return await method(list(pieces))
@@ -376,7 +381,7 @@ class Refiner:
             return await scorer((opts.query, list(pieces)))
 
         try:
-            return await comp.acompress_items(query_vec, items, opts, encode, score)
+            return await comp.acompress_items(query_vec, items, opts, encode, score, query)
         finally:
             totals: dict[str, int] = {}
             for c in self.compressors.values():

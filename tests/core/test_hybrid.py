@@ -40,6 +40,17 @@ def test_a_cutoff_drops_chosen_leaves_too_far_below_the_best():
     assert hybrid([FOUR, TWO], [S4, S2], 1.0, cutoff=0.25) == hybrid([FOUR, TWO], [S4, S2], 0.5)  # a cut, not a share
 
 
+def test_a_z_bar_keeps_the_leaves_standing_out_of_the_questions_own_scores():
+    # the six leaves: mean .35, standard deviation sqrt(.025) = .158
+    assert hybrid([FOUR, TWO], [S4, S2], 1.0, z=1.0) == [[(0, 1)], []]  # bar .508: .6 alone
+    assert hybrid([FOUR, TWO], [S4, S2], 1.0, z=0.0) == hybrid([FOUR, TWO], [S4, S2], 0.5)  # bar .35: .6 .45 .4
+    assert hybrid([FOUR, TWO], [S4, S2], 1.0, z=0.6) == [[(0, 1)], [(1, 2)]]  # bar .445: .6 .45
+    assert hybrid([FOUR, TWO], [S4, S2], 1.0, z=9.0) == [[(0, 1)], []]  # a bar above every leaf keeps the best
+    shifted = [{s: 3 * v - 1 for s, v in sc.items()} for sc in (S4, S2)]  # the same bar on any affine scale
+    assert hybrid([FOUR, TWO], shifted, 1.0, z=0.6) == hybrid([FOUR, TWO], [S4, S2], 1.0, z=0.6)
+    assert hybrid([FOUR, TWO], [S4, S2], 1 / 6, z=0.0) == [[(0, 1)], []]  # the share still caps it
+
+
 def test_hybrid_keeps_a_single_node_tree_and_rejects_a_bad_share():
     assert hybrid([LONE, TWO], [{(0, 1): -1.0}, S2], 0.1) == [[(0, 1)], [(1, 2)]]
     for share in (0, 1.5, -0.2):
@@ -84,16 +95,17 @@ def test_score_hybrid_reads_all_that_hybrid_reads():
         roots = [balanced_tree(rng.randint(1, 11), rng.choice((2, 3))) for _ in range(rng.randint(1, 4))]
         full = [{n.span: round(rng.random(), 1) for n, _ in r.walk()} for r in roots]
         share, fallback, lead = rng.choice((0.2, 0.45, 1.0)), rng.choice((0.0, 0.1)), rng.random() < 0.5
-        cutoff = rng.choice((None, 0.3))
+        cutoff, z = rng.choice((None, 0.3)), rng.choice((None, 0.0, 0.8))
         asked = []
 
         def score(ask):
             asked.extend((i, n.span) for i, n in ask)
             return [full[i][n.span] for i, n in ask]
 
-        lazy = drive(score_hybrid(roots, share, fallback, lead, cutoff=cutoff), score)
+        lazy = drive(score_hybrid(roots, share, fallback, lead, cutoff=cutoff, z=z), score)
         assert len(asked) == len(set(asked))  # each node scored once
-        assert hybrid(roots, lazy, share, fallback, lead, cutoff) == hybrid(roots, full, share, fallback, lead, cutoff)
+        assert (hybrid(roots, lazy, share, fallback, lead, cutoff, z)
+                == hybrid(roots, full, share, fallback, lead, cutoff, z))
 
 
 def test_score_lazily_scores_a_lone_leaf_only_when_asked_to():

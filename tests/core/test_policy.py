@@ -17,7 +17,8 @@ SCORES = dict(zip([n.span for n in TREE.nodes()], [0.5, 0.2, 0.0, 0.0, 0.8, 0.9,
 
 @pytest.mark.parametrize("text", ["canopy margin=0", "canopy margin=0.05", "canopy margin=auto",
                                   "hybrid share=0.4 cutoff=0.8 bm25=0.4 title=0.1 link=0.2",
-                                  "hybrid share=0.5 cross=0.2", "flat share=0.4", "flat top=5 bm25=0.4", "whole"])
+                                  "hybrid share=0.5 cross=0.2", "hybrid share=1 z=0.5 bm25=0.4 bridge=1",
+                                  "flat share=0.4", "flat top=5 bm25=0.4", "whole"])
 def test_the_text_form_is_one_and_round_trips(text):
     assert str(Policy.parse(text)) == text and Policy.parse(str(Policy.parse(text))) == Policy.parse(text)
 
@@ -35,7 +36,7 @@ def test_parsing_normalises_and_fills_defaults():
     ("mode=hybrid", "start with one of"), ("canopy bm25=0.4", "cosine alone"), ("whole title=0.1", "cosine alone"),
     ("hybrid margin=0.1", "hybrid takes"), ("flat margin=0", "flat takes"), ("hybrid share=0", r"share must be in"),
     ("hybrid share=1.5", "share must be in"), ("flat top=0", "top must be"), ("hybrid cutoff=-1", "cutoff must be"),
-    ("canopy margin=-0.1", "margin must be"), ("hybrid bm25=-1", "bm25 must be"), ("hybrid share", "hybrid takes"),
+    ("canopy margin=-0.1", "margin must be"), ("canopy z=1", "canopy takes"), ("canopy bridge=1", "cosine alone"), ("hybrid bm25=-1", "bm25 must be"), ("hybrid share", "hybrid takes"),
     ("hybrid share=x", "must be a number"), ("hybrid share=0.4 share=0.5", "twice"), ("hybrid share=nan", "finite")])
 def test_bad_policies_are_refused_with_the_reason(text, reason):
     with pytest.raises(PolicyError, match=reason):
@@ -79,6 +80,8 @@ def test_hybrid_ranks_all_leaves_together_and_leaves_out_unchosen_items():
     assert asked[6:] == [(0, (2, 4))]  # the chosen leaf's parent, which does not beat it; nothing of C
     _, cut = _run(Policy("hybrid", share=1.0, cutoff=0.5), [TREE, other], [SCORES, low])
     assert cut[1] == []  # every leaf chosen by share, but X and Y score more than 0.5 below the best
+    _, by_z = _run(Policy("hybrid", share=1.0, z=0.0), [TREE, other], [SCORES, low])
+    assert by_z == [[(2, 3)], []]  # the leaves' mean is .18: only .9 stands above it
 
 
 def test_flat_keeps_leaves_unraised_by_share_or_per_item():
@@ -86,6 +89,8 @@ def test_flat_keeps_leaves_unraised_by_share_or_per_item():
     assert by_share == [[(2, 3), (3, 4)], [(0, 1)]]
     _, top = _run(Policy("flat", top=1), [TREE, SINGLE], [SCORES, {(0, 1): 0.0}])
     assert top == [[(2, 3)], [(0, 1)]]
+    _, by_z = _run(Policy("flat", share=1.0, z=0.0), [TREE, SINGLE], [SCORES, {(0, 1): 0.0}])
+    assert by_z == [[(2, 3)], [(0, 1)]]  # mean .25 of the four leaves
 
 
 def test_whole_asks_for_nothing_and_keeps_every_root():

@@ -27,6 +27,21 @@ def test_the_link_term_comes_last_and_reads_the_scores_before_it():
     assert compose(np.array([0.1]), [0], Terms(), link=lambda p: 1 / 0).tolist() == pytest.approx([0.1])
 
 
+def test_the_bridge_term_adds_the_gain_of_the_second_query_outside_its_item():
+    seen = []
+
+    def bridge(partial):
+        seen.append(partial.tolist())
+        return 0, np.array([0.9, 0.5, 0.1])  # item 0 is the bridge's; cosines with the second query
+
+    cos, item_of = np.array([0.6, 0.2, 0.3]), [0, 1, 2]
+    got = compose(cos, item_of, Terms(bm25=1.0, bridge=0.5), bm25=[0.1, 0.0, 0.0], bridge=bridge)
+    assert seen == [pytest.approx([0.7, 0.2, 0.3])]  # read after BM25
+    # item 0 gains nothing (its own text is the query), item 1 gains .5 * (.5 - .2), item 2 none (lower)
+    assert got.tolist() == pytest.approx([0.7, 0.35, 0.3])
+    assert compose(cos, item_of, Terms(), bridge=lambda p: 1 / 0).tolist() == pytest.approx(cos.tolist())
+
+
 def test_linked_marks_the_items_the_best_ones_or_the_asked_ones_name():
     titles = ["Rosa Marin", "Delta Rovers", "Port Vale Hall", "Quiz"]
     bodies = ["She signed with Delta Rovers.", "A club.", "A hall.", "Rosa Marin played; Port Vale Hall too."]

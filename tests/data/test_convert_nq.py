@@ -80,3 +80,44 @@ def test_gzip_input_and_written_files(tmp_path):
     read = lambda name: [json.loads(l) for l in (tmp_path / "out" / name).read_text().splitlines()]
     assert read("corpus.jsonl") == items and read("questions.jsonl") == questions
     assert json.loads((tmp_path / "out" / "report.json").read_text()) == report.to_dict()
+
+
+def _hard(pool_texts, question, n, dense=None):
+    import random
+
+    from canopy_ray.data.nq import _Bm25, hard_candidates
+
+    pool = list(pool_texts)
+    return hard_candidates("gold", question, pool, pool_texts, n=n, bm25=_Bm25([pool_texts[p] for p in pool]),
+                           dense=dense, rng=random.Random(0))
+
+
+POOL = {"gold": "Alpha River Dam. It was designed by Joan Smith.",
+        "dam": "Beta Dam. A concrete dam on the Beta river, designed in 1960.",
+        "answer": "Joan Smith. An engineer who designed the Alpha River Dam.",  # holds the answer
+        "river": "Alpha River. A river in the north with a dam.",
+        "town": "Gamma Town. A small town with a harbour.",
+        "hill": "Delta Hill. Sheep graze on its slopes."}
+Q = {"question": "who designed the alpha river dam", "answers": ["Joan Smith"]}
+
+
+def test_hard_distractors_are_the_nearest_passages_without_an_answer():
+    got = _hard(POOL, Q, 2)
+    assert sorted(got) == ["dam", "gold", "river"]  # the two sharing most words; "answer" holds Joan Smith
+    # a dense ranking takes turns with BM25: its nearest passage without the answer (town, which shares
+    # no word with the question) comes in beside BM25's first (river)
+    dense = __import__("numpy").array([1.0, 0.0, 0.9, 0.1, 0.8, 0.0])  # pool order: gold dam answer river town hill
+    assert sorted(_hard(POOL, Q, 2, dense)) == ["gold", "river", "town"]
+    assert len(_hard(POOL, Q, 9)) == 5  # all the pool holds, less the answer's passage
+
+
+def test_hard_distractors_come_from_the_gold_split_and_are_deterministic():
+    from canopy_ray.data.nq import passage_split
+
+    items, questions, report = _run(n_distractors=2, distractors="hard")
+    split = {i["id"]: passage_split(i["id"]) for i in items}
+    for q in questions:
+        gold = q["gold"][0]["item_id"]
+        assert gold in q["candidates"] and all(split[c] == split[gold] for c in q["candidates"])
+    assert _run(n_distractors=2, distractors="hard")[1] == questions
+    assert_canonical(items, questions)

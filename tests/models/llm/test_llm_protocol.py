@@ -246,7 +246,7 @@ def test_vllm_cpu_llm_config_validates_against_ray_serve_llm():
 def test_gpu_llm_without_vllm_says_what_to_install():
     from canopy_ray.config import load_config
 
-    with pytest.raises(RuntimeError, match=r"vLLM.*\[gpu\]"):
+    with pytest.raises(RuntimeError, match=r"vLLM.*setup.sh gpu"):
         llm_config(load_config(None, llm={"backend": "vllm"}).llm)
 
 
