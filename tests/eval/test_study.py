@@ -253,3 +253,35 @@ def test_tables_refuse_a_split_replayed_with_other_scorers(tmp_path, monkeypatch
     monkeypatch.setattr(study, "choose", lambda results: (_ for _ in ()).throw(SystemExit("joined")))
     with pytest.raises(SystemExit, match="joined"):
         study.main(["--work", str(tmp_path), "--tables"])
+
+
+def test_the_bridge_term_in_the_study_picks_its_item_among_the_first_ask_as_the_compressor_does():
+    # item 0's leaf ranks first: the bridge query reads item 0; item 1's leaf gains, item 0's does not
+    read = []
+    rec = {**REC, "single": [False, False, True], "bridge": lambda b: read.append(b) or np.array([0.9, 0.9, 0.6])}
+    got = node_scores(rec, "tuned", _p("hybrid bridge=0.5"), 2)
+    assert read == [0]
+    assert got[0] == {(0, 2): pytest.approx(0.5), (0, 1): pytest.approx(0.4)}
+    # item 1 is a single node: the hybrid's first ask holds it only with a link term, so it is not b;
+    # flat asks every leaf first
+    assert got[1] == {(0, 1): pytest.approx(0.3 + 0.5 * 0.3)}
+    rec["tuned"] = [0.1, 0.1, 0.8]
+    read.clear()
+    node_scores(rec, "tuned", _p("hybrid bridge=0.5"), 2), node_scores(rec, "tuned", _p("flat bridge=0.5"), 2)
+    assert read == [0, 1]
+    with pytest.raises(ValueError, match="f_theta"):
+        node_scores({**rec, "f0": rec["tuned"]}, "f0", _p("hybrid bridge=0.5"), 2)
+
+
+def test_the_oracles_keep_the_gold_leaves_or_the_gold_items_whole():
+    from canopy_ray.core.hierarchy import build_tree
+    from canopy_ray.core.items import Gold, Question, parse_item
+    from canopy_ray.eval.study import oracle
+
+    items = [parse_item({"id": i, "modality": "text", "title": i, "sentences": ["One.", " Two.", " Three."]})
+             for i in ("a", "b", "c")]
+    trees = [build_tree(it) for it in items]
+    q = Question("q", "?", ("x",), (Gold("a", (1,)), Gold("c", ())), ("a", "b", "c"))
+    assert oracle(_p("oracle-sentences"), q, trees) == [[(1, 2)], [], [(0, 3)]]
+    assert oracle(_p("oracle-items"), q, trees) == [[(0, 3)], [], [(0, 3)]]
+    assert not _p("oracle-items").product
