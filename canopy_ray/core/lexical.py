@@ -25,21 +25,33 @@ def terms(text: str) -> list[str]:
     return [w for w in WORD.findall(text.lower()) if w not in STOP]
 
 
+class Bm25:
+    """BM25 over a collection of texts, its statistics computed once: :meth:`scores` of any
+    number of queries against them."""
+
+    def __init__(self, texts: Sequence[str], k1: float = 1.2, b: float = 0.75):
+        self.docs = [Counter(terms(t)) for t in texts]
+        self.lens = [sum(d.values()) for d in self.docs]
+        self.avg, self.k1, self.b = max(sum(self.lens) / max(len(self.lens), 1), 1e-9), k1, b
+        self.postings: dict[str, list[int]] = {}
+        for k, d in enumerate(self.docs):
+            for t in d:
+                self.postings.setdefault(t, []).append(k)
+
+    def scores(self, query: str) -> list[float]:
+        out = [0.0] * len(self.docs)
+        for t in set(terms(query)):
+            hits = self.postings.get(t, [])
+            idf = math.log(1 + (len(self.docs) - len(hits) + 0.5) / (len(hits) + 0.5))
+            for k in hits:
+                tf = self.docs[k][t]
+                out[k] += idf * tf * (self.k1 + 1) / (tf + self.k1 * (1 - self.b + self.b * self.lens[k] / self.avg))
+        return out
+
+
 def bm25(query: str, texts: Sequence[str], k1: float = 1.2, b: float = 0.75) -> list[float]:
     """BM25 of each text against ``query``, with the texts themselves as the collection."""
-    docs = [Counter(terms(t)) for t in texts]
-    if not docs:
-        return []
-    lens = [sum(d.values()) for d in docs]
-    avg = max(sum(lens) / len(lens), 1e-9)
-    out = [0.0] * len(docs)
-    for t in set(terms(query)):
-        df = sum(t in d for d in docs)
-        idf = math.log(1 + (len(docs) - df + 0.5) / (df + 0.5))
-        for k, (d, n) in enumerate(zip(docs, lens)):
-            tf = d.get(t, 0)
-            out[k] += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * n / avg)) if tf else 0.0
-    return out
+    return Bm25(texts, k1, b).scores(query)
 
 
 def scaled(raw: Sequence[float]) -> list[float]:

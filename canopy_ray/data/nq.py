@@ -25,15 +25,11 @@ does not; retrieved ones do.
 from __future__ import annotations
 
 import random
-from typing import Any, Iterable
-
-import math
-from collections import Counter
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from canopy_ray.core.lexical import terms
+from canopy_ray.core.lexical import Bm25
 from canopy_ray.core.metrics import answer_found
 from canopy_ray.core.sentences import split_sentences
 from canopy_ray.core.splits import item_key, split_of_key
@@ -87,35 +83,12 @@ def draw_candidates(gold_id: str, pool: list[str], qid: str, *, seed: int, n: in
     return chosen
 
 
-class _Bm25:
-    """BM25 over one pool of passages, its statistics computed once."""
-
-    def __init__(self, texts: Sequence[str], k1: float = 1.2, b: float = 0.75):
-        self.docs = [Counter(terms(t)) for t in texts]
-        self.lens = [sum(d.values()) for d in self.docs]
-        self.avg, self.k1, self.b = max(sum(self.lens) / max(len(self.lens), 1), 1e-9), k1, b
-        self.postings: dict[str, list[int]] = {}
-        for k, d in enumerate(self.docs):
-            for t in d:
-                self.postings.setdefault(t, []).append(k)
-
-    def scores(self, query: str) -> np.ndarray:
-        out = np.zeros(len(self.docs))
-        for t in set(terms(query)):
-            hits = self.postings.get(t, [])
-            idf = math.log(1 + (len(self.docs) - len(hits) + 0.5) / (len(hits) + 0.5))
-            for k in hits:
-                tf = self.docs[k][t]
-                out[k] += idf * tf * (self.k1 + 1) / (tf + self.k1 * (1 - self.b + self.b * self.lens[k] / self.avg))
-        return out
-
-
-def hard_candidates(gold_id: str, question: dict, pool: list[str], texts: dict[str, str], *, n: int, bm25: _Bm25,
+def hard_candidates(gold_id: str, question: dict, pool: list[str], texts: dict[str, str], *, n: int, bm25: Bm25,
                     dense: np.ndarray | None = None, rng: random.Random) -> list[str]:
     """The gold id plus the ``n`` passages of ``pool`` ranked nearest to the question, taken in
     turn from the BM25 ranking and the dense one (``dense``: the question's cosine with each
     pool passage), none holding one of the question's answers; shuffled."""
-    rankings = [np.argsort(-bm25.scores(question["question"]), kind="stable")]
+    rankings = [np.argsort(-np.asarray(bm25.scores(question["question"])), kind="stable")]
     if dense is not None:
         rankings.append(np.argsort(-dense, kind="stable"))
     chosen, seen = [gold_id], {gold_id}
@@ -143,9 +116,10 @@ def convert_nq(records: Iterable[Any], sink: Sink, *, seed: int = 0, n_distracto
     pools: dict[str, list[str]] = {}  # distinct passages per split, in file order
     for pid in by_id:
         pools.setdefault(passage_split(pid), []).append(pid)
-    texts = {pid: f"{it['title']}. {' '.join(it['sentences'])}" for pid, it in by_id.items()}
-    lexical = {split: _Bm25([texts[p] for p in pool]) for split, pool in pools.items()} if distractors == "hard" else {}
-    dense: dict[str, np.ndarray] = {}  # per split: every question's cosine with every pool passage
+    texts, lexical, dense = {}, {}, {}  # hard: passage texts, BM25 per split, each question's cosines
+    if distractors == "hard":
+        texts = {pid: f"{it['title']}. {' '.join(it['sentences'])}" for pid, it in by_id.items()}
+        lexical = {split: Bm25([texts[p] for p in pool]) for split, pool in pools.items()}
     if distractors == "hard" and embed is not None:
         for split, pool in pools.items():
             asked = [q for q, it, _ in parsed if passage_split(it["id"]) == split]

@@ -102,9 +102,10 @@ def score_set(eval_set, encoder, path: Path) -> list[dict]:
         pieces = [piece(trees[i], [s]) for i, s in nodes]
         qv = encoder.encode_queries([q.question])[0]
         lex = bm25(q.question, [p.text for p in pieces])
-        vectors.append(vecs(pieces, "tuned"))
+        got = {name: vecs(pieces, name) for name in encoders}
+        vectors.append(got["tuned"])
         out.append({"id": q.id, "nodes": [[i, list(s)] for i, s in nodes], "bm25": lex,
-                    **{name: (vecs(pieces, name) @ qv).tolist() for name in encoders}})
+                    **{name: (v @ qv).tolist() for name, v in got.items()}})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out))
     np.save(vec_path, np.concatenate(vectors).astype(np.float16))

@@ -85,10 +85,11 @@ def test_gzip_input_and_written_files(tmp_path):
 def _hard(pool_texts, question, n, dense=None):
     import random
 
-    from canopy_ray.data.nq import _Bm25, hard_candidates
+    from canopy_ray.core.lexical import Bm25
+    from canopy_ray.data.nq import hard_candidates
 
     pool = list(pool_texts)
-    return hard_candidates("gold", question, pool, pool_texts, n=n, bm25=_Bm25([pool_texts[p] for p in pool]),
+    return hard_candidates("gold", question, pool, pool_texts, n=n, bm25=Bm25([pool_texts[p] for p in pool]),
                            dense=dense, rng=random.Random(0))
 
 
